@@ -1,0 +1,244 @@
+"""Typed configs for REALM, in Model Garden style, and the registered experiments.
+
+Every config is an ``official.modeling.hyperparams.Config`` dataclass: it round-trips through
+YAML, and ``override`` refuses unknown keys. Named experiments are registered with
+``official.core.exp_factory``::
+
+    from realm_tf import configs
+    params = configs.load_experiment("realm_pretrain_cpu",
+                                     config_files=["my.yaml"],
+                                     params_override="task.model.num_candidates=4")
+
+Registered names: ``realm_pretrain_paper``, ``realm_pretrain_cpu``, ``ict_paper``, ``ict_cpu``.
+"""
+
+import dataclasses
+from typing import Optional, Sequence
+
+from official.core import config_definitions as cfg
+from official.core import exp_factory
+from official.modeling import hyperparams
+from official.modeling import optimization
+from official.nlp.configs import encoders
+
+# Sequence lengths of the paper and the released code.
+QUERY_SEQ_LENGTH = 96
+BLOCK_SEQ_LENGTH = 288
+READER_SEQ_LENGTH = 384
+OPENQA_READER_SEQ_LENGTH = 320
+
+
+def bert_base(vocab_size: int = 30522) -> encoders.BertEncoderConfig:
+  """BERT-base: 12 layers, 768 wide, 12 heads (the paper's towers)."""
+  return encoders.BertEncoderConfig(vocab_size=vocab_size, hidden_size=768, num_layers=12,
+                                    num_attention_heads=12, intermediate_size=3072)
+
+
+def bert_tiny(vocab_size: int = 30522, hidden_size: int = 128) -> encoders.BertEncoderConfig:
+  """A 2-layer BERT for CPU runs and tests."""
+  return encoders.BertEncoderConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                                    num_layers=2, num_attention_heads=2,
+                                    intermediate_size=4 * hidden_size,
+                                    max_position_embeddings=512)
+
+
+@dataclasses.dataclass
+class RetrieverConfig(hyperparams.Config):
+  """The embedder: ``LayerNorm(Dense_projection(BERT pooled output))``.
+
+  Attributes:
+    encoder: the BERT tower(s).
+    projection_size: width of the retrieval embedding (128 in the paper).
+    share_embedders: one tower for queries and blocks (as the released REALM) or two.
+    query_seq_length: ``[CLS] x [SEP]`` length.
+    block_seq_length: ``[CLS] title [SEP] body [SEP]`` length.
+  """
+  encoder: encoders.BertEncoderConfig = dataclasses.field(default_factory=bert_base)
+  projection_size: int = 128
+  share_embedders: bool = True
+  query_seq_length: int = QUERY_SEQ_LENGTH
+  block_seq_length: int = BLOCK_SEQ_LENGTH
+
+
+@dataclasses.dataclass
+class ReaderConfig(hyperparams.Config):
+  """The knowledge-augmented encoder and its heads.
+
+  Attributes:
+    encoder: the reader BERT.
+    seq_length: pre-training reader input, query + block body (96 + 288).
+    openqa_seq_length: Open-QA reader input (320 in ORQA).
+    span_hidden_size: half the width of the span scorer's first dense layer (256 -> 512).
+    max_span_width: longest answer span, in wordpieces.
+  """
+  encoder: encoders.BertEncoderConfig = dataclasses.field(default_factory=bert_base)
+  seq_length: int = READER_SEQ_LENGTH
+  openqa_seq_length: int = OPENQA_READER_SEQ_LENGTH
+  span_hidden_size: int = 256
+  max_span_width: int = 10
+
+
+@dataclasses.dataclass
+class RealmModelConfig(hyperparams.Config):
+  """The whole REALM model: retriever + reader + the vocabulary they share."""
+  retriever: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
+  reader: ReaderConfig = dataclasses.field(default_factory=ReaderConfig)
+  vocab_file: str = ""
+  lower_case: bool = True
+  num_candidates: int = 8
+  max_masks: int = 10
+
+
+@dataclasses.dataclass
+class RealmDataConfig(cfg.DataConfig):
+  """Input of the pre-training and ICT tasks (TFRecords written by ``data_prep``)."""
+  input_path: str = ""
+  blocks_dir: str = ""
+  global_batch_size: int = 512
+  is_training: bool = True
+  shuffle_buffer_size: int = 1000
+  seed: Optional[int] = None
+
+
+@dataclasses.dataclass
+class IctTaskConfig(cfg.TaskConfig):
+  """ORQA's Inverse Cloze Task, to warm-start the retriever."""
+  model: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
+  vocab_file: str = ""
+  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
+  validation_data: RealmDataConfig = dataclasses.field(
+      default_factory=lambda: RealmDataConfig(is_training=False))
+  recall_at: Sequence[int] = (1, 5, 10)
+
+
+@dataclasses.dataclass
+class RealmPretrainTaskConfig(cfg.TaskConfig):
+  """REALM pre-training: retrieve with a (stale) index, rescore, read, marginalize.
+
+  Attributes:
+    index_dir: where ``realm-refresh`` publishes ``step-<N>`` indexes and ``LATEST``.
+    refresh_index: swap in newer indexes while training (False: the stale-index ablation).
+    index_wait_seconds: how long to wait for a first index before giving up.
+    retriever_init_checkpoint: an ICT (or converted) checkpoint to start both towers from.
+  """
+  model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
+  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
+  validation_data: RealmDataConfig = dataclasses.field(
+      default_factory=lambda: RealmDataConfig(is_training=False))
+  index_dir: str = ""
+  refresh_index: bool = True
+  index_wait_seconds: float = 600.0
+  retriever_init_checkpoint: str = ""
+  reader_init_checkpoint: str = ""
+
+
+def _adamw(learning_rate: float, train_steps: int, warmup_steps: int):
+  return optimization.OptimizationConfig({
+      "optimizer": {"type": "adamw", "adamw": {
+          "weight_decay_rate": 0.01,
+          "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"]}},
+      "learning_rate": {"type": "polynomial", "polynomial": {
+          "initial_learning_rate": learning_rate, "decay_steps": train_steps,
+          "end_learning_rate": 0.0}},
+      "warmup": {"type": "linear", "linear": {"warmup_steps": warmup_steps}},
+  })
+
+
+def _trainer(train_steps, learning_rate, warmup_steps, checkpoint_interval, summary_interval):
+  return cfg.TrainerConfig(
+      train_steps=train_steps,
+      validation_steps=-1,
+      validation_interval=checkpoint_interval,
+      steps_per_loop=summary_interval,
+      summary_interval=summary_interval,
+      checkpoint_interval=checkpoint_interval,
+      max_to_keep=5,
+      optimizer_config=_adamw(learning_rate, train_steps, warmup_steps))
+
+
+_RESTRICTIONS = ["task.train_data.is_training != None"]
+
+
+@exp_factory.register_config_factory("realm_pretrain_paper")
+def realm_pretrain_paper() -> cfg.ExperimentConfig:
+  """The paper's setup: BERT-base towers, batch 512, lr 3e-5, 200k steps, 8 candidates."""
+  return cfg.ExperimentConfig(
+      task=RealmPretrainTaskConfig(
+          model=RealmModelConfig(
+              retriever=RetrieverConfig(encoder=bert_base()),
+              reader=ReaderConfig(encoder=bert_base())),
+          train_data=RealmDataConfig(global_batch_size=512)),
+      trainer=_trainer(200_000, 3e-5, 10_000, 500, 100),
+      restrictions=_RESTRICTIONS)
+
+
+@exp_factory.register_config_factory("realm_pretrain_cpu")
+def realm_pretrain_cpu() -> cfg.ExperimentConfig:
+  """Toy scale: 2-layer, 128-wide towers, small batches; for a laptop and CI."""
+  return cfg.ExperimentConfig(
+      task=RealmPretrainTaskConfig(
+          model=RealmModelConfig(
+              retriever=RetrieverConfig(encoder=bert_tiny(), query_seq_length=48,
+                                        block_seq_length=128),
+              reader=ReaderConfig(encoder=bert_tiny(), seq_length=176),
+              num_candidates=8),
+          train_data=RealmDataConfig(global_batch_size=16),
+          index_wait_seconds=120.0),
+      trainer=_trainer(300, 3e-4, 30, 50, 10),
+      restrictions=_RESTRICTIONS)
+
+
+@exp_factory.register_config_factory("ict_paper")
+def ict_paper() -> cfg.ExperimentConfig:
+  """ORQA's ICT warm start: BERT-base, batch 4096, lr 1e-4, 100k steps."""
+  return cfg.ExperimentConfig(
+      task=IctTaskConfig(model=RetrieverConfig(encoder=bert_base()),
+                         train_data=RealmDataConfig(global_batch_size=4096)),
+      trainer=_trainer(100_000, 1e-4, 10_000, 1000, 100),
+      restrictions=_RESTRICTIONS)
+
+
+@exp_factory.register_config_factory("ict_cpu")
+def ict_cpu() -> cfg.ExperimentConfig:
+  """ICT at toy scale."""
+  return cfg.ExperimentConfig(
+      task=IctTaskConfig(model=RetrieverConfig(encoder=bert_tiny(), query_seq_length=48,
+                                               block_seq_length=128),
+                         train_data=RealmDataConfig(global_batch_size=32)),
+      trainer=_trainer(300, 5e-4, 30, 100, 10),
+      restrictions=_RESTRICTIONS)
+
+
+class ConfigError(ValueError):
+  """An experiment name, YAML file or override that does not fit the config."""
+
+
+def load_experiment(name: str,
+                    config_files: Sequence[str] = (),
+                    params_override: str = "") -> cfg.ExperimentConfig:
+  """The registered experiment ``name``, layered with YAML files, then an override string.
+
+  Raises ConfigError with a one-line message for an unknown name, a missing file or an unknown
+  key.
+  """
+  try:
+    params = exp_factory.get_exp_config(name)
+  except LookupError:
+    raise ConfigError(f"unknown experiment {name!r}; registered: realm_pretrain_paper, "
+                      "realm_pretrain_cpu, ict_paper, ict_cpu") from None
+  for path in config_files:
+    try:
+      params = hyperparams.override_params_dict(params, path, is_strict=True)
+    except KeyError as e:
+      raise ConfigError(f"{path}: {e.args[0] if e.args else e}") from None
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"cannot read config file {path}: {e}") from None
+  if params_override:
+    try:
+      params = hyperparams.override_params_dict(params, params_override, is_strict=True)
+    except (KeyError, ValueError) as e:
+      raise ConfigError(f"bad --params_override {params_override!r}: "
+                        f"{e.args[0] if e.args else e}") from None
+  params.validate()
+  params.lock()
+  return params

@@ -1,0 +1,102 @@
+"""The model-directory contract shared by the converter, the trainers and the refresher.
+
+A model directory holds:
+
+* ``model_config.yaml``: the ``RealmModelConfig`` (its ``vocab_file`` is ``vocab.txt``);
+* ``vocab.txt``: the WordPiece vocabulary the towers were trained with;
+* TF2 checkpoints ``ckpt-<step>`` of a ``tf.train.Checkpoint`` whose top-level items are
+  ``query_embedder``, ``block_embedder`` (the same object when embedders are shared),
+  ``reader`` and, for trainers, ``optimizer`` and ``global_step``. Any item may be absent;
+  readers restore only the items they need.
+"""
+
+import os
+import shutil
+from typing import Optional
+
+import tensorflow as tf
+from official.modeling import hyperparams
+
+from realm_tf import configs
+
+CONFIG_NAME = "model_config.yaml"
+VOCAB_NAME = "vocab.txt"
+TRAINING_DONE = "TRAINING_DONE"
+
+
+class ModelDirError(ValueError):
+  """A model directory or checkpoint that is missing or does not fit."""
+
+
+def write_metadata(model_dir: str, model_config: configs.RealmModelConfig,
+                   vocab_file: str) -> None:
+  """Writes ``model_config.yaml`` and a copy of the vocabulary into ``model_dir``."""
+  tf.io.gfile.makedirs(model_dir)
+  target = os.path.join(model_dir, VOCAB_NAME)
+  if os.path.abspath(vocab_file) != os.path.abspath(target):
+    tf.io.gfile.copy(vocab_file, target, overwrite=True)
+  config = configs.RealmModelConfig(model_config.as_dict())
+  config.override({"vocab_file": VOCAB_NAME})
+  hyperparams.save_params_dict_to_yaml(config, os.path.join(model_dir, CONFIG_NAME))
+
+
+def load_config(model_dir: str) -> configs.RealmModelConfig:
+  """The model config of ``model_dir``, its vocab path made absolute."""
+  path = os.path.join(model_dir, CONFIG_NAME)
+  if not tf.io.gfile.exists(path):
+    raise ModelDirError(f"{model_dir} is not a realm_tf model directory: no {CONFIG_NAME} "
+                        "(convert a TF1 checkpoint with realm-convert or train one)")
+  config = configs.RealmModelConfig()
+  config.override(hyperparams.read_yaml_to_params_dict(path).as_dict(), is_strict=True)
+  if config.vocab_file and not os.path.isabs(config.vocab_file):
+    config.override({"vocab_file": os.path.join(model_dir, config.vocab_file)})
+  return config
+
+
+def latest_checkpoint(model_dir: str) -> str:
+  """The newest ``ckpt-N`` in ``model_dir``, or ModelDirError."""
+  if not tf.io.gfile.isdir(model_dir):
+    raise ModelDirError(f"model directory not found: {model_dir}")
+  path = tf.train.latest_checkpoint(model_dir)
+  if path is None:
+    raise ModelDirError(f"no checkpoint in {model_dir}")
+  return path
+
+
+def checkpoint_step(path: str) -> int:
+  """``.../ckpt-1200`` -> 1200."""
+  return int(path.rsplit("-", 1)[-1])
+
+
+def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
+  """Restores exactly ``items`` (e.g. ``block_embedder=model``) from a checkpoint.
+
+  Anything else in the checkpoint is ignored. Unless ``allow_missing``, raises ModelDirError
+  when a variable of ``items`` is not in the checkpoint; a shape mismatch always raises.
+  """
+  items = {k: v for k, v in items.items() if v is not None}
+  try:
+    status = tf.train.Checkpoint(**items).read(checkpoint_path).expect_partial()
+    if not allow_missing:
+      status.assert_existing_objects_matched()
+  except (AssertionError, ValueError, tf.errors.OpError) as e:
+    first = str(e).strip().splitlines()[0][:400]
+    raise ModelDirError(f"checkpoint {checkpoint_path} does not fit the model "
+                        f"({', '.join(items)}): {first}") from None
+
+
+def make_checkpoint(query_embedder=None, block_embedder=None, reader=None,
+                    **extra) -> tf.train.Checkpoint:
+  """A ``tf.train.Checkpoint`` over the given items, in the contract's names."""
+  items = dict(query_embedder=query_embedder, block_embedder=block_embedder, reader=reader,
+               **extra)
+  return tf.train.Checkpoint(**{k: v for k, v in items.items() if v is not None})
+
+
+def training_done(model_dir: str) -> bool:
+  return tf.io.gfile.exists(os.path.join(model_dir, TRAINING_DONE))
+
+
+def mark_training_done(model_dir: str, step: Optional[int] = None) -> None:
+  with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_DONE), "w") as f:
+    f.write(f"{step if step is not None else ''}\n")

@@ -1,0 +1,42 @@
+"""Builds Model Garden's ``BertEncoderV2`` from a ``BertEncoderConfig``."""
+
+import tensorflow as tf
+import tf_keras
+from official.modeling import tf_utils
+from official.nlp.configs import encoders
+from official.nlp.modeling import networks
+
+
+def get_activation(name: str):
+  """Activation by name; ``gelu`` is BERT's tanh approximation, as in the released models."""
+  if name == "gelu":
+    return tf_utils.get_activation("gelu", approximate=True)
+  return tf_utils.get_activation(name)
+
+
+def build_bert_encoder(config: encoders.BertEncoderConfig,
+                       name: str = "bert") -> networks.BertEncoderV2:
+  """A built ``BertEncoderV2`` for ``config`` (``sequence_output``, ``pooled_output``)."""
+  network = networks.BertEncoderV2(
+      vocab_size=config.vocab_size,
+      hidden_size=config.hidden_size,
+      num_layers=config.num_layers,
+      num_attention_heads=config.num_attention_heads,
+      max_sequence_length=config.max_position_embeddings,
+      type_vocab_size=config.type_vocab_size,
+      inner_dim=config.intermediate_size,
+      inner_activation=get_activation(config.hidden_activation),
+      output_dropout=config.dropout_rate,
+      attention_dropout=config.attention_dropout_rate,
+      initializer=tf_keras.initializers.TruncatedNormal(stddev=config.initializer_range),
+      embedding_width=config.embedding_size,
+      norm_first=config.norm_first,
+      name=name)
+  return ensure_built(network)
+
+
+def ensure_built(network):
+  """Creates the encoder's variables with one dummy call, so heads can tie to its embeddings."""
+  dummy = tf.ones([1, 2], tf.int32)
+  network(dict(input_word_ids=dummy, input_mask=dummy, input_type_ids=dummy * 0))
+  return network

