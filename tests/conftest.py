@@ -21,3 +21,17 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "slow" in item.keywords:
       item.add_marker(skip)
+
+
+def _split_cpu():
+  """Two logical CPU devices, so MirroredStrategy can be tested on one CPU."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  cpus = tf.config.list_physical_devices("CPU")
+  try:
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+  except RuntimeError:  # already initialized
+    pass
+
+
+_split_cpu()

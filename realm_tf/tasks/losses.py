@@ -1,0 +1,62 @@
+"""REALM's marginal likelihood over retrieved blocks, and the metrics the paper watches.
+
+    p(y|x) = sum_z p(y|z,x) p(z|x),   p(z|x) = softmax_z f(x,z)
+
+Per masked token j the loss is ``-logsumexp_z(log p(z|x) + log p(y_j|z,x))``. Autodiff of this
+gives the paper's retriever gradient ``sum_z r(z) d f(x,z)`` with
+``r(z) = [p(y|z,x)/p(y|x) - 1] p(z|x)``.
+"""
+
+from typing import Dict
+
+import tensorflow as tf
+
+
+def marginal_log_likelihood(retrieval_logits, mlm_logits, mlm_ids) -> Dict[str, tf.Tensor]:
+  """Per-token log-likelihoods.
+
+  Args:
+    retrieval_logits: ``f(x, z)`` for the candidates, float ``[batch, k]``.
+    mlm_logits: reader logits, float ``[batch, k, num_masks, vocab]``.
+    mlm_ids: the masked tokens' true ids, int ``[batch, num_masks]``.
+
+  Returns:
+    dict with ``log_p_z`` ``[batch, k]``, ``token_log_p_given_z`` ``[batch, k, num_masks]``
+    (``log p(y_j|z,x)``) and ``token_log_p`` ``[batch, num_masks]`` (``log p(y_j|x)``).
+  """
+  log_p_z = tf.nn.log_softmax(tf.cast(retrieval_logits, tf.float32), axis=-1)
+  log_probs = tf.nn.log_softmax(tf.cast(mlm_logits, tf.float32), axis=-1)
+  k = tf.shape(log_probs)[1]
+  ids = tf.tile(mlm_ids[:, None, :], [1, k, 1])
+  token_log_p_given_z = tf.gather(log_probs, ids, batch_dims=3)
+  token_log_p = tf.reduce_logsumexp(log_p_z[:, :, None] + token_log_p_given_z, axis=1)
+  return dict(log_p_z=log_p_z, token_log_p_given_z=token_log_p_given_z,
+              token_log_p=token_log_p)
+
+
+def realm_metrics(retrieval_logits, mlm_logits, mlm_ids, mlm_weights) -> Dict[str, tf.Tensor]:
+  """Per-example quantities for the loss and the summaries (candidate 0 is the null block).
+
+  Returns per-example ``[batch]`` tensors: ``nll_sum`` (sum over real mask tokens of
+  ``-log p(y_j|x)``), ``num_tokens``, ``retrieval_utility`` (``log p(y|x) - log p(y|null,x)``
+  summed over the tokens of the span), ``entropy`` of ``p(z|x)``, ``correct`` (tokens whose
+  marginal argmax is right) and the ``token_log_p`` ``[batch, num_masks]``.
+  """
+  weights = tf.cast(mlm_weights, tf.float32)
+  out = marginal_log_likelihood(retrieval_logits, mlm_logits, mlm_ids)
+  log_p_y = tf.reduce_sum(out["token_log_p"] * weights, axis=1)
+  log_p_y_null = tf.reduce_sum(out["token_log_p_given_z"][:, 0, :] * weights, axis=1)
+  p_z = tf.exp(out["log_p_z"])
+  # Marginal prediction: argmax over the vocabulary of sum_z p(z|x) p(.|z,x).
+  marginal = tf.reduce_logsumexp(
+      out["log_p_z"][:, :, None, None] + tf.nn.log_softmax(tf.cast(mlm_logits, tf.float32)),
+      axis=1)
+  correct = tf.cast(tf.equal(tf.argmax(marginal, -1, output_type=tf.int32),
+                             tf.cast(mlm_ids, tf.int32)), tf.float32)
+  return dict(
+      nll_sum=-log_p_y,
+      num_tokens=tf.reduce_sum(weights, axis=1),
+      retrieval_utility=log_p_y - log_p_y_null,
+      entropy=-tf.reduce_sum(p_z * out["log_p_z"], axis=1),
+      correct=tf.reduce_sum(correct * weights, axis=1),
+      token_log_p=out["token_log_p"])

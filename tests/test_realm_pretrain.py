@@ -1,0 +1,229 @@
+"""REALM pre-training: the marginal loss and its gradient, candidates, strategies."""
+
+import hashlib
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import configs
+from realm_tf.tasks import losses
+from realm_tf.tasks import realm_pretrain
+from realm_tf.tasks import retrieval_inputs
+from realm_tf.tasks.realm_model import RealmPretrainer
+
+VOCAB, CLS, SEP, MASK = 40, 2, 3, 4
+K, M, LQ, LB, LR = 4, 3, 10, 12, 20
+
+
+def tiny_config(share=True):
+  enc = configs.bert_tiny(VOCAB, 16)
+  enc.override(dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.5))
+  return configs.RealmModelConfig(
+      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, share_embedders=share,
+                                        query_seq_length=LQ, block_seq_length=LB),
+      reader=configs.ReaderConfig(encoder=enc, seq_length=LR), num_candidates=K, max_masks=M)
+
+
+def make_blocks(n, rng):
+  blocks = []
+  for i in range(n):
+    title = [int(x) for x in rng.integers(5, VOCAB, 2)]
+    body = [int(x) for x in rng.integers(5, VOCAB, rng.integers(3, 12))]
+    key = "duplicate" if i >= n - 2 else f"t{i} <sep> b{i}"   # the last two share a uid
+    uid = hashlib.sha1(key.encode()).hexdigest()
+    blocks.append(dict(block_id=i, uid=uid, token_ids=[CLS] + title + [SEP] + body + [SEP]))
+  return blocks
+
+
+def make_examples(b, rng, blocks):
+  query_ids = np.zeros([b, LQ], np.int64)
+  query_mask = np.zeros([b, LQ], np.int64)
+  positions = np.zeros([b, M], np.int64)
+  ids = np.zeros([b, M], np.int64)
+  weights = np.zeros([b, M], np.float32)
+  for i in range(b):
+    n = int(rng.integers(4, LQ - 2))
+    toks = rng.integers(5, VOCAB, n)
+    nm = int(rng.integers(1, M + 1))
+    start = int(rng.integers(0, n - nm + 1))
+    ids[i, :nm] = toks[start:start + nm]
+    positions[i, :nm] = np.arange(start, start + nm) + 1
+    toks[start:start + nm] = MASK
+    query_ids[i, :n + 2] = [CLS, *toks, SEP]
+    query_mask[i, :n + 2] = 1
+    weights[i, :nm] = 1.0
+  source = rng.integers(0, len(blocks), b)
+  return dict(query_ids=query_ids, query_mask=query_mask, mlm_positions=positions, mlm_ids=ids,
+              mlm_weights=weights, source_uid=np.array([blocks[s]["uid"] for s in source]),
+              source_block_id=source)
+
+
+class FakeHandle:
+  """Exact search over fixed block embeddings (stands in for IndexHandle)."""
+
+  def __init__(self, emb, step=0):
+    self.emb, self.step = emb, step
+
+  def search(self, q, k):
+    scores = q @ self.emb.T
+    order = np.argsort(-scores, axis=1)[:, :k]
+    return order, np.take_along_axis(scores, order, 1)
+
+
+def numpy_marginal(retrieval_logits, mlm_logits, mlm_ids, weights):
+  """log p(y_j|x), the loss, and r_j(z), all from first principles."""
+  p_z = np.exp(retrieval_logits - retrieval_logits.max(1, keepdims=True))
+  p_z /= p_z.sum(1, keepdims=True)                                     # [b, k]
+  p_vocab = np.exp(mlm_logits - mlm_logits.max(-1, keepdims=True))
+  p_vocab /= p_vocab.sum(-1, keepdims=True)                            # [b, k, m, V]
+  b, k, m, _ = mlm_logits.shape
+  p_y_given_z = np.zeros([b, k, m])
+  for i in range(b):
+    for z in range(k):
+      for j in range(m):
+        p_y_given_z[i, z, j] = p_vocab[i, z, j, mlm_ids[i, j]]
+  p_y = np.einsum("bk,bkm->bm", p_z, p_y_given_z)                      # sum_z p(z|x) p(y|z,x)
+  loss = -(np.log(p_y) * weights).sum() / weights.sum()
+  r = (p_y_given_z / p_y[:, None, :] - 1.0) * p_z[:, :, None]          # [b, k, m]
+  return np.log(p_y), loss, r
+
+
+class MarginalLossTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.rng = np.random.default_rng(0)
+    self.blocks = make_blocks(12, self.rng)
+    self.config = tiny_config()
+    self.model = RealmPretrainer.from_config_dataclass(self.config)
+    emb = self.model.block_embedder(dict(
+        zip(["input_word_ids", "input_mask", "input_type_ids"],
+            retrieval_inputs.pack_blocks(self.blocks, LB, CLS, SEP)[:3]))).numpy()[:-1]
+    self.builder = retrieval_inputs.CandidateBuilder(
+        self.blocks, self.config, FakeHandle(emb, step=3), CLS, SEP)
+    self.builder._query_embedder = lambda: (lambda x: self.model.query_embedder(x))
+    self.examples = make_examples(5, self.rng, self.blocks)
+
+  def features(self):
+    f = self.builder.features(self.examples)
+    return {k: tf.constant(f[k]) for k in realm_pretrain.DEVICE_FEATURES}, f
+
+  def test_loss_and_gradient_match_numpy(self):
+    features, _ = self.features()
+    out = self.model(features, training=False)
+    logits = tf.Variable(out["retrieval_logits"])
+    with tf.GradientTape() as tape:
+      m = losses.realm_metrics(logits, out["mlm_logits"], features["mlm_ids"],
+                               features["mlm_weights"])
+      loss = tf.reduce_sum(m["nll_sum"]) / tf.reduce_sum(m["num_tokens"])
+    grad = tape.gradient(loss, logits).numpy()
+    w = features["mlm_weights"].numpy()
+    log_p_y, want_loss, r = numpy_marginal(out["retrieval_logits"].numpy().astype(np.float64),
+                                           out["mlm_logits"].numpy().astype(np.float64),
+                                           features["mlm_ids"].numpy(), w)
+    self.assertAllClose(m["token_log_p"].numpy() * w, log_p_y * w, rtol=1e-5, atol=1e-5)
+    self.assertAllClose(loss.numpy(), want_loss, rtol=1e-5)
+    # d(-mean_j log p(y_j|x)) / d f(x,z) = -(1/T) sum_j r_j(z)   (the paper's gradient)
+    want_grad = -(r * w[:, None, :]).sum(-1) / w.sum()
+    self.assertAllClose(grad, want_grad, rtol=1e-4, atol=1e-6)
+    # The replicated loss is the same quantity and reaches both towers and the reader.
+    with tf.GradientTape() as tape:
+      replica, _ = realm_pretrain.replica_loss(self.model, features, training=False)
+    self.assertAllClose(replica.numpy(), want_loss, rtol=1e-5)
+    grads = tape.gradient(replica, self.model.trainable_variables)
+    names = [v.name for v, g in zip(self.model.trainable_variables, grads)
+             if g is not None and np.abs(tf.convert_to_tensor(g).numpy()).sum() > 0]
+    self.assertTrue(any("embedder/dense" in n for n in names))
+    self.assertTrue(any(n.startswith("reader") for n in names))
+
+  def test_retrieval_utility_and_entropy(self):
+    features, _ = self.features()
+    out = self.model(features, training=False)
+    m = losses.realm_metrics(out["retrieval_logits"], out["mlm_logits"], features["mlm_ids"],
+                             features["mlm_weights"])
+    w = features["mlm_weights"].numpy()
+    log_p_y, _, _ = numpy_marginal(out["retrieval_logits"].numpy().astype(np.float64),
+                                   out["mlm_logits"].numpy().astype(np.float64),
+                                   features["mlm_ids"].numpy(), w)
+    lp = out["mlm_logits"].numpy().astype(np.float64)
+    lp = lp - np.log(np.exp(lp - lp.max(-1, keepdims=True)).sum(-1, keepdims=True)) - lp.max(
+        -1, keepdims=True)
+    null = np.take_along_axis(lp[:, 0], features["mlm_ids"].numpy()[..., None], -1)[..., 0]
+    self.assertAllClose(m["retrieval_utility"], ((log_p_y - null) * w).sum(1), atol=1e-4)
+    p = tf.nn.softmax(out["retrieval_logits"]).numpy()
+    self.assertAllClose(m["entropy"], -(p * np.log(p)).sum(1), atol=1e-5)
+
+  def test_candidates_null_first_no_trivial_block(self):
+    _, f = self.features()
+    rows = f["candidate_rows"]
+    self.assertTrue(np.all(rows[:, 0] == self.builder.null_row))
+    null = f["candidate_word_ids"][:, 0]
+    self.assertAllEqual(null[:, :4], np.tile([CLS, SEP, SEP, 0], [len(rows), 1]))
+    for i, uid in enumerate(self.examples["source_uid"]):
+      self.assertNotIn(uid, [self.blocks[r]["uid"] for r in rows[i, 1:]])
+      self.assertLen(set(rows[i]), K)
+    # The two last blocks share a uid: a query from one must drop both.
+    ranked = np.array([[11, 10, 0, 1, 2, 3, 4]])
+    got = self.builder.select_candidates(ranked, [self.blocks[10]["uid"]])
+    self.assertAllEqual(got[0], [self.builder.null_row, 0, 1, 2])
+    # Reader inputs: [CLS] query [SEP] body [SEP], the query part as in the query input.
+    qlen = int(f["query_mask"][0].sum())
+    self.assertAllEqual(f["reader_word_ids"][0, 1, :qlen], f["query_word_ids"][0, :qlen])
+    self.assertEqual(f["reader_word_ids"][0, 0, qlen], SEP)   # null body: just [SEP]
+    body = self.builder.bodies[rows[0, 1]]
+    self.assertAllEqual(f["reader_word_ids"][0, 1, qlen:qlen + len(body)], body)
+
+  def test_scores_recomputed_with_current_weights(self):
+    features, _ = self.features()
+    before = self.model(features, training=False)["retrieval_logits"].numpy()
+    beta = self.model.query_embedder.layer_norm.beta
+    beta.assign(beta + self.rng.standard_normal(beta.shape).astype(np.float32))
+    after = self.model(features, training=False)["retrieval_logits"].numpy()
+    self.assertGreater(np.abs(after - before).max(), 1e-3)
+    q = self.model.query_embedder(dict(input_word_ids=features["query_word_ids"],
+                                       input_mask=features["query_mask"],
+                                       input_type_ids=features["query_type_ids"])).numpy()
+    flat = {n: tf.reshape(features[f"candidate_{n}"], [-1, LB])
+            for n in ("word_ids", "mask", "type_ids")}
+    b = self.model.block_embedder({f"input_{n}": v for n, v in flat.items()}).numpy()
+    self.assertAllClose(after, np.einsum("bd,bkd->bk", q, b.reshape(len(q), K, -1)), atol=1e-4)
+
+  def test_query_length_mismatch_is_clear(self):
+    bad = dict(self.examples, query_ids=np.zeros([5, LQ + 4], np.int64))
+    with self.assertRaisesRegex(retrieval_inputs.InputError, "query length 14 but the model"):
+      self.builder.features(bad)
+
+  def test_mirrored_strategy_matches_default(self):
+    features, _ = self.features()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    self.assertEqual(strategy.num_replicas_in_sync, 2)
+    with strategy.scope():
+      mirrored = RealmPretrainer.from_config_dataclass(self.config)
+      mirrored.set_weights(self.model.get_weights())
+    feats = {k: v[:4] for k, v in features.items()}  # an even batch
+    _, default_sums = realm_pretrain.replica_loss(self.model, feats, training=False)
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(feats).unbatch().batch(4))
+
+    # (XLA cannot place clusters on logical CPU devices; the XLA test is below.)
+    def replica(x):
+      return realm_pretrain.replica_loss(mirrored, x, training=False)[1]
+
+    @tf.function
+    def step(x):
+      sums = strategy.run(replica, args=(x,))
+      return {k: strategy.reduce("SUM", v, axis=None) for k, v in sums.items()}
+    got = step(next(iter(dataset)))
+    self.assertAllClose(got["loss"], default_sums["loss"], rtol=1e-5)
+    self.assertAllClose(got["retrieval_utility"], default_sums["retrieval_utility"], rtol=1e-4)
+
+  def test_train_step_compiles_with_xla(self):
+    features, _ = self.features()
+    eager = realm_pretrain.replica_loss(self.model, features, training=False)[0]
+    xla = tf.function(lambda x: realm_pretrain.replica_loss(self.model, x, training=False)[0],
+                      jit_compile=True)(features)
+    self.assertAllClose(eager, xla, rtol=1e-4)
+
+
+if __name__ == "__main__":
+  tf.test.main()
