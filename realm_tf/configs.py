@@ -34,7 +34,7 @@ def bert_base(vocab_size: int = 30522) -> encoders.BertEncoderConfig:
                                     num_attention_heads=12, intermediate_size=3072)
 
 
-def bert_tiny(vocab_size: int = 30522, hidden_size: int = 128) -> encoders.BertEncoderConfig:
+def bert_tiny(vocab_size: int = 30522, hidden_size: int = 64) -> encoders.BertEncoderConfig:
   """A 2-layer BERT for CPU runs and tests."""
   return encoders.BertEncoderConfig(vocab_size=vocab_size, hidden_size=hidden_size,
                                     num_layers=2, num_attention_heads=2,
@@ -109,6 +109,7 @@ class IctTaskConfig(cfg.TaskConfig):
   validation_data: RealmDataConfig = dataclasses.field(
       default_factory=lambda: RealmDataConfig(is_training=False))
   recall_at: Sequence[int] = (1, 5, 10)
+  jit_compile: bool = True
 
 
 @dataclasses.dataclass
@@ -130,6 +131,8 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   index_wait_seconds: float = 600.0
   retriever_init_checkpoint: str = ""
   reader_init_checkpoint: str = ""
+  # Compile the replicated step with XLA (TPU/GPU). Off for CPU runs, where XLA is slower.
+  jit_compile: bool = True
 
 
 def _adamw(learning_rate: float, train_steps: int, warmup_steps: int):
@@ -174,16 +177,16 @@ def realm_pretrain_paper() -> cfg.ExperimentConfig:
 
 @exp_factory.register_config_factory("realm_pretrain_cpu")
 def realm_pretrain_cpu() -> cfg.ExperimentConfig:
-  """Toy scale: 2-layer, 128-wide towers, small batches; for a laptop and CI."""
+  """Toy scale: 2-layer, 64-wide towers, short sequences, small batches; for a laptop and CI."""
   return cfg.ExperimentConfig(
       task=RealmPretrainTaskConfig(
           model=RealmModelConfig(
-              retriever=RetrieverConfig(encoder=bert_tiny(), query_seq_length=48,
-                                        block_seq_length=128),
-              reader=ReaderConfig(encoder=bert_tiny(), seq_length=176),
+              retriever=RetrieverConfig(encoder=bert_tiny(), query_seq_length=32,
+                                        block_seq_length=64),
+              reader=ReaderConfig(encoder=bert_tiny(), seq_length=96),
               num_candidates=8),
           train_data=RealmDataConfig(global_batch_size=16),
-          index_wait_seconds=120.0),
+          index_wait_seconds=300.0, jit_compile=False),
       trainer=_trainer(300, 3e-4, 30, 50, 10),
       restrictions=_RESTRICTIONS)
 
@@ -202,9 +205,10 @@ def ict_paper() -> cfg.ExperimentConfig:
 def ict_cpu() -> cfg.ExperimentConfig:
   """ICT at toy scale."""
   return cfg.ExperimentConfig(
-      task=IctTaskConfig(model=RetrieverConfig(encoder=bert_tiny(), query_seq_length=48,
-                                               block_seq_length=128),
-                         train_data=RealmDataConfig(global_batch_size=32)),
+      task=IctTaskConfig(model=RetrieverConfig(encoder=bert_tiny(), query_seq_length=32,
+                                               block_seq_length=64),
+                         train_data=RealmDataConfig(global_batch_size=32),
+                         jit_compile=False),
       trainer=_trainer(300, 5e-4, 30, 100, 10),
       restrictions=_RESTRICTIONS)
 

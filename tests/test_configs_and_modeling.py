@@ -48,7 +48,7 @@ class ConfigTest(tf.test.TestCase, parameterized.TestCase):
         "realm_pretrain_cpu", params_override="task.model.num_candidates=4,trainer.train_steps=7")
     self.assertEqual(params.task.model.num_candidates, 4)
     self.assertEqual(params.trainer.train_steps, 7)
-    self.assertEqual(params.task.model.retriever.query_seq_length, 48)
+    self.assertEqual(params.task.model.retriever.query_seq_length, 32)
 
   def test_paper_values(self):
     p = configs.load_experiment("realm_pretrain_paper")

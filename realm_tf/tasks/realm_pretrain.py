@@ -46,7 +46,9 @@ def replica_loss(model, features, training: bool):
 class RealmPretrainTask(base_task.Task):
   """Retrieve (host) -> rescore + read + marginalize (device)."""
 
-  jit_compile = True
+  @property
+  def jit_compile(self) -> bool:
+    return self.task_config.jit_compile
 
   def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
     super().__init__(params, logging_dir=logging_dir, name=name)

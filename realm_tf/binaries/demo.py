@@ -1,0 +1,186 @@
+r"""realm-demo: the whole REALM pipeline at toy size on the embedded synthetic world.
+
+1. generate the synthetic knowledge world and learn a WordPiece vocabulary from it;
+2. data_prep: blocks, salient-span annotation, masked examples, ICT examples;
+3. ICT warm start of the retriever;
+4. REALM pre-training with ``realm-train`` and ``realm-refresh`` running side by side as two
+   processes (the refresher re-embeds the corpus from each new checkpoint);
+5. the stale-index ablation: the same run with the index built once and never refreshed;
+6. held-out evaluation before (the ICT starting point) and after pre-training.
+
+Everything goes under ``--output_dir``; a summary is printed and saved as ``results.json``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from realm_tf.binaries import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output_dir", "demo_out", "Where everything is written.")
+flags.DEFINE_integer("seed", 0, "Seed of the synthetic world.")
+flags.DEFINE_integer("ict_steps", 400, "ICT warm-start steps.")
+flags.DEFINE_integer("realm_steps", 300, "REALM pre-training steps (each run).")
+flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
+flags.DEFINE_integer("eval_examples", 400, "Held-out masked sentences to evaluate on.")
+flags.DEFINE_bool("stale_ablation", True, "Also run the never-refreshed index ablation.")
+flags.DEFINE_string("world_config", "", "Extra flags for the world generator (k=v,...).")
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
+
+
+def _say(message: str) -> None:
+  print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _run(args, log_path):
+  """Starts a realm_tf binary as its own process, logging to ``log_path``."""
+  log = open(log_path, "w")  # pylint: disable=consider-using-with
+  return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait(proc, name, log_path):
+  if proc.wait() != 0:
+    with open(log_path) as f:
+      tail = f.read()[-3000:]
+    raise RuntimeError(f"{name} failed (exit {proc.returncode}); last log lines:\n{tail}")
+
+
+def prepare_data(out: str):
+  """World -> vocab -> blocks, sentences, masked examples, ICT examples."""
+  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
+  world_dir = os.path.join(out, "world")
+  world = synthetic_world.write_world(world_dir, seed=FLAGS.seed)
+  vocab = synthetic_world.build_vocab(world["articles"], os.path.join(out, "vocab.txt"))
+  data = pipeline.prepare_all(world["articles"], vocab, os.path.join(out, "data"),
+                              patterns_file=world["patterns"], block_seq_length=64,
+                              query_seq_length=32)
+  return world, vocab, data
+
+
+def realm_overrides(vocab, data, index_dir, steps, refresh, ict_dir):
+  return ",".join([
+      f"task.model.vocab_file={vocab}",
+      f"task.train_data.input_path={os.path.join(data['pretrain'], 'train-*')}",
+      f"task.train_data.blocks_dir={data['blocks']}",
+      f"task.index_dir={index_dir}",
+      f"task.refresh_index={str(refresh).lower()}",
+      f"task.retriever_init_checkpoint={ict_dir}",
+      f"trainer.train_steps={steps}",
+      f"trainer.checkpoint_interval={FLAGS.refresh_every}",
+  ])
+
+
+def pretrain(name, vocab, data, ict_dir, out, refresh):
+  """REALM pre-training beside its refresher, as two processes."""
+  model_dir = os.path.join(out, name)
+  index_dir = os.path.join(out, f"{name}_index")
+  refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+                    f"--index_dir={index_dir}", f"--blocks_dir={data['blocks']}",
+                    "--poll_seconds=1", "--model_dir_wait_seconds=600", "--keep=2",
+                    "--index_type=brute_force"]
+  if not refresh:
+    refresher_args.append("--max_builds=1")   # one index, from the ICT starting point
+  trainer_args = ["realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+                  f"--config_file={os.path.join(CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
+                  f"--model_dir={model_dir}",
+                  "--params_override=" + realm_overrides(vocab, data, index_dir,
+                                                         FLAGS.realm_steps, refresh, ict_dir)]
+  _say(f"REALM pre-training '{name}' ({FLAGS.realm_steps} steps, index "
+       f"{'refreshed every checkpoint' if refresh else 'built once, never refreshed'}); "
+       f"logs in {out}/{name}.*.log")
+  refresher = _run(refresher_args, os.path.join(out, f"{name}.refresh.log"))
+  trainer = _run(trainer_args, os.path.join(out, f"{name}.train.log"))
+  try:
+    _wait(trainer, "realm-train", os.path.join(out, f"{name}.train.log"))
+    _wait(refresher, "realm-refresh", os.path.join(out, f"{name}.refresh.log"))
+  finally:
+    for p in (trainer, refresher):
+      if p.poll() is None:
+        p.kill()
+  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  return model_dir, publish.published_steps(index_dir)
+
+
+def main(argv):
+  del argv
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from data_prep import schema  # pylint: disable=g-import-not-at-top
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks import evaluation  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks import ict  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks import train_lib  # pylint: disable=g-import-not-at-top
+
+  start = time.time()
+  out = os.path.abspath(FLAGS.output_dir)
+  tf.io.gfile.makedirs(out)
+  _say(f"writing everything under {out}")
+  world, vocab, data = prepare_data(out)
+  blocks = schema.read_blocks(data["blocks"])
+  _say(f"world: {world['num_articles']} articles -> {len(blocks)} blocks, "
+       f"{data['num_pretrain_train']} masked training sentences, "
+       f"{data['num_pretrain_eval']} held out, {data['num_ict']} ICT pairs")
+
+  ict_dir = os.path.join(out, "ict")
+  params = configs.load_experiment(
+      "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__demo.yaml")],
+      ",".join([f"task.vocab_file={vocab}",
+                f"task.train_data.input_path={os.path.join(data['ict'], 'train-*')}",
+                f"trainer.train_steps={FLAGS.ict_steps}"]))
+  _say(f"ICT warm start ({FLAGS.ict_steps} steps) -> {ict_dir}")
+  ict_metrics = train_lib.run(ict.IctTask(params.task), params, ict_dir)
+  _say(f"ICT done: {ict_metrics}")
+
+  runs = {"refreshed": pretrain("realm", vocab, data, ict_dir, out, refresh=True)}
+  if FLAGS.stale_ablation:
+    runs["stale"] = pretrain("realm_stale", vocab, data, ict_dir, out, refresh=False)
+
+  eval_examples = schema.read_examples(data["pretrain"], schema.EVAL_SPLIT)
+  eval_examples = eval_examples[:FLAGS.eval_examples]
+  arrays = {k: _stack([e[k] for e in eval_examples]) for k in
+            ("query_ids", "query_mask", "mlm_positions", "mlm_ids", "mlm_weights",
+             "source_uid", "answer")}
+  realm_dir = runs["refreshed"][0]
+  rows = {"ICT start (step 0)": evaluation.evaluate(
+      realm_dir, os.path.join(realm_dir, "ckpt-0"), blocks, arrays)}
+  for name, (model_dir, index_steps) in runs.items():
+    result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
+                                 arrays)
+    result["indexes_built"] = len(index_steps)
+    rows[f"REALM, {name} index"] = result
+
+  print("\n" + "=" * 78)
+  print(f"REALM demo on the synthetic world: {len(arrays['query_ids'])} held-out masked "
+        "sentences")
+  print(f"{'model':28s} {'step':>6s} {'recall@5':>9s} {'retr. utility':>14s} "
+        f"{'MLM acc':>8s}")
+  for name, r in rows.items():
+    print(f"{name:28s} {r['step']:6d} {r['recall@5']:9.3f} {r['retrieval_utility']:14.3f} "
+          f"{r['mlm_accuracy']:8.3f}")
+  print("=" * 78)
+  elapsed = time.time() - start
+  _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics), f, indent=2, default=float)
+
+
+def _stack(values):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  if isinstance(values[0], (str, bytes)):
+    return np.array(values, dtype=object)
+  return np.array(values)
+
+
+def run():
+  cli.run_main(main)
+
+
+if __name__ == "__main__":
+  run()
