@@ -1,0 +1,435 @@
+"""Corpus -> retrieval blocks: the Beam pipeline and the per-article functions behind it.
+
+Input (``--input``): a MediaWiki XML dump (``.xml``, ``.xml.bz2``, a glob of several), JSON lines
+``{"title", "text"}`` (``.jsonl``/``.json``, a glob), or a prepared TFDS Wikipedia split written as
+``tfds:<name>[:<split>]`` (e.g. ``tfds:wikipedia/20230601.en:train``).
+
+Per article: wiki markup is cleaned (``data_prep.wiki``), redirects, non-article namespaces and
+(as ORQA does; ``--keep_list_pages`` keeps them) list / index / outline / disambiguation pages are
+dropped, the text is split into sentences, and whole sentences are packed greedily into blocks of
+at most ``--block_seq_length`` (288) wordpieces counting ``[CLS] title [SEP] body [SEP]``. A
+sentence longer than a block is cut between words (between characters for a monstrous word),
+never dropped. Dropped or unreadable records are counted in ``manifest.json["counts"]`` and
+logged, never lost silently.
+
+Block ids are dense, ``0..n-1``, in the order (title, SHA1 of the article text, position of the
+block in the article), so they are the same on every run and every runner. Exact duplicate
+articles (same title and text) are kept once and counted.
+
+Command line::
+
+  python -m data_prep.blocks --input enwiki.xml.bz2 --vocab_file vocab.txt \\
+      --output_dir /data/blocks [--runner DataflowRunner --project ... ]
+
+Output: see ``data_prep.schema`` (``blocks-*.tfrecord`` + ``manifest.json``).
+"""
+
+import argparse
+import glob as pyglob
+import json
+import logging
+import os
+import re
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import apache_beam as beam
+import tensorflow as tf
+
+from data_prep import beam_utils
+from data_prep import schema
+from data_prep import text as text_lib
+from data_prep import wiki
+
+_WORD = re.compile(r"\S+")
+MIN_BODY_BUDGET = 16
+
+
+class InputError(ValueError):
+  """The corpus input cannot be used (missing, unknown format, nothing readable)."""
+
+
+# ----------------------------------------------------------------------------------- input --
+
+def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
+  """``input_spec`` -> ``(kind, files)``, kind in ``xml``, ``jsonl``, ``tfds``.
+
+  Raises InputError / FileNotFoundError with the spec in the message when nothing matches.
+  """
+  if input_spec.startswith("tfds:"):
+    return "tfds", [input_spec[len("tfds:"):]]
+  specs = [s for s in input_spec.split(",") if s]
+  files = []
+  for spec in specs:
+    matched = sorted(tf.io.gfile.glob(spec)) if any(c in spec for c in "*?[") else (
+        [spec] if tf.io.gfile.exists(spec) else [])
+    if not matched:
+      raise FileNotFoundError(f"corpus input not found: {spec}")
+    files.extend(matched)
+  kinds = {_file_kind(f) for f in files}
+  if len(kinds) != 1:
+    raise InputError(f"corpus files must be all XML dumps or all JSON lines, got {files}")
+  return kinds.pop(), files
+
+
+def _file_kind(path: str) -> str:
+  name = path.lower()
+  for suffix in (".bz2", ".gz"):
+    if name.endswith(suffix):
+      name = name[:-len(suffix)]
+  if name.endswith(".xml"):
+    return "xml"
+  if name.endswith((".jsonl", ".json", ".ndjson")):
+    return "jsonl"
+  raise InputError(f"unknown corpus format for {path}: expected .xml[.bz2] or .jsonl")
+
+
+def parse_jsonl_article(path: str, line_number: int, raw: bytes) -> Tuple[Optional[Dict], str]:
+  """One raw line of a JSON-lines corpus -> ``(article, "")`` or ``(None, reason)``.
+
+  The article is ``{"title", "text", "source"}``. Reasons (counted as ``skip:<reason>``):
+  ``non_utf8``, ``malformed_json``, ``missing_field``; blank lines are ignored (``blank_line``).
+  """
+  where = f"{path}:{line_number}"
+  try:
+    line = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    return None, f"non_utf8: {where}: {e}"
+  if not line.strip():
+    return None, "blank_line"
+  try:
+    record = json.loads(line)
+  except json.JSONDecodeError as e:
+    return None, f"malformed_json: {where}: {e}"
+  if not isinstance(record, dict) or not isinstance(record.get("title"), str) or not isinstance(
+      record.get("text"), str):
+    return None, f"missing_field: {where}: expected an object with string 'title' and 'text'"
+  return {"title": record["title"], "text": record["text"], "source": where}, ""
+
+
+def read_corpus_file(path: str, kind: str) -> Iterator:
+  """Yields ``("article", dict)``, ``("page", dict)`` or ``("skip", reason)`` from one file."""
+  if kind == "xml":
+    for page in wiki.iter_dump_pages(path):
+      yield "page", page
+    return
+  for line_number, raw in beam_utils.iter_lines_checked(path):
+    article, reason = parse_jsonl_article(path, line_number, raw)
+    if article is not None:
+      yield "article", article
+    elif reason != "blank_line":
+      yield "skip", reason
+
+
+# --------------------------------------------------------------------------------- packing --
+
+def pack_units(counts: Sequence[int], budget: int) -> List[Tuple[int, int]]:
+  """Greedy packing: unit index ranges ``[i, j)`` whose counts sum to at most ``budget``.
+
+  Every unit must fit on its own (``count <= budget``). Example: counts ``[3, 4, 2, 6]``,
+  budget 7 -> ``[(0, 2), (2, 3), (3, 4)]``.
+  """
+  groups, start, total = [], 0, 0
+  for i, n in enumerate(counts):
+    if n > budget:
+      raise ValueError(f"unit {i} has {n} wordpieces, more than the budget {budget}")
+    if i > start and total + n > budget:
+      groups.append((start, i))
+      start, total = i, 0
+    total += n
+  if start < len(counts):
+    groups.append((start, len(counts)))
+  return groups
+
+
+def cut_long_span(text: str, start: int, end: int, word_counts_fn, budget: int
+                  ) -> List[Tuple[int, int, int]]:
+  """Cuts ``text[start:end]`` (longer than ``budget`` wordpieces) into pieces that fit.
+
+  Cuts between whitespace-separated words; a single word longer than the budget is cut between
+  characters. Returns ``(start, end, wordpiece_count)`` character spans, in order, covering all
+  non-space characters of the span.
+  """
+  words = [(start + m.start(), start + m.end()) for m in _WORD.finditer(text[start:end])]
+  counts = word_counts_fn([text[s:e] for s, e in words])
+  units: List[Tuple[int, int, int]] = []
+  for (s, e), n in zip(words, counts):
+    if n <= budget:
+      units.append((s, e, n))
+    else:  # One character gives at most one wordpiece.
+      for cs in range(s, e, budget):
+        ce = min(cs + budget, e)
+        units.append((cs, ce, word_counts_fn([text[cs:ce]])[0]))
+  pieces = []
+  for i, j in pack_units([u[2] for u in units], budget):
+    pieces.append((units[i][0], units[j - 1][1], sum(u[2] for u in units[i:j])))
+  return pieces
+
+
+def article_to_blocks(title: str, text: str, tokenizer, block_seq_length: int = 288,
+                      sentences: Optional[List[Tuple[int, int]]] = None) -> List[Dict]:
+  """Splits one article into blocks.
+
+  Returns a list of ``{"body": str, "token_ids": [int], "char_start": int, "char_end": int}``
+  in article order; ``body == text[char_start:char_end]`` and ``token_ids`` is
+  ``[CLS] title [SEP] body [SEP]`` of length at most ``block_seq_length``.
+
+  Raises ValueError if the title alone leaves fewer than 16 wordpieces for the body.
+  """
+  if sentences is None:
+    sentences = text_lib.sentence_spans(text)
+  if not sentences:
+    return []
+  pieces = tokenizer.tokenize([title] + [text[s:e] for s, e in sentences])
+  title_ids = pieces[0].numpy().tolist()
+  budget = block_seq_length - 3 - len(title_ids)
+  if budget < MIN_BODY_BUDGET:
+    raise ValueError(f"title {title!r} has {len(title_ids)} wordpieces: no room for a body in "
+                     f"{block_seq_length}")
+  counts = pieces.row_lengths().numpy().tolist()[1:]
+  units: List[Tuple[int, int, int]] = []
+  for (s, e), n in zip(sentences, counts):
+    if n <= budget:
+      units.append((s, e, n))
+    else:
+      units.extend(cut_long_span(text, s, e, tokenizer.count_wordpieces, budget))
+  groups = [(units[i][0], units[j - 1][1]) for i, j in pack_units([u[2] for u in units], budget)]
+  bodies = [text[s:e] for s, e in groups]
+  body_ids = tokenizer.tokenize(bodies).to_list()
+  blocks = []
+  for (s, e), body, ids in zip(groups, bodies, body_ids):
+    if len(ids) > budget:  # Wordpiece counts are additive over whitespace; this is a guard.
+      raise AssertionError(f"block of {title!r} has {len(ids)} > {budget} body wordpieces")
+    token_ids = [tokenizer.cls_id] + title_ids + [tokenizer.sep_id] + ids + [tokenizer.sep_id]
+    blocks.append({"body": body, "token_ids": token_ids, "char_start": s, "char_end": e})
+  return blocks
+
+
+def doc_key(title: str, text: str) -> str:
+  """Sort key of an article: its title, then the SHA1 of its text (duplicate titles)."""
+  return f"{title}\x00{text_lib.sha1_hex(text)}"
+
+
+def block_example(block: Dict) -> bytes:
+  """A block dict (``block_id, uid, title, body, token_ids``) -> serialized tf.Example."""
+  def b(v):
+    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode("utf-8")]))
+
+  def i(vs):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=vs))
+
+  return tf.train.Example(features=tf.train.Features(feature={
+      "block_id": i([block["block_id"]]),
+      "uid": b(block["uid"]),
+      "title": b(block["title"]),
+      "doc_title": b(block["title"]),
+      "body": b(block["body"]),
+      "token_ids": i(block["token_ids"]),
+  })).SerializeToString()
+
+
+# ---------------------------------------------------------------------------------- DoFns --
+
+@beam.typehints.with_output_types(Tuple[str, Any])
+class ArticleToBlocksFn(beam.DoFn):
+  """``(kind, record)`` -> ``(doc_key, {"title", "blocks"})``; counted events on "stats"."""
+
+  def __init__(self, vocab_file: str, lower_case: bool, block_seq_length: int,
+               drop_list_pages: bool):
+    self._vocab_file = vocab_file
+    self._lower_case = lower_case
+    self._block_seq_length = block_seq_length
+    self._drop_list_pages = drop_list_pages
+
+  def setup(self):
+    from realm_tf.tokenization import RealmTokenizer
+    self._tokenizer = RealmTokenizer(self._vocab_file, lower_case=self._lower_case)
+    self._progress = beam_utils.ProgressLogger("articles read", every=2000)
+
+  def process(self, element):
+    kind, record = element
+    self._progress.add()
+    yield beam_utils.count_event("records_read")
+    if kind == "skip":
+      reason = record.split(":", 1)[0]
+      logging.warning("data_prep.blocks: skipped record (%s)", record)
+      yield beam_utils.count_event(f"skip:{reason}")
+      return
+    if kind == "page":
+      reason = wiki.page_drop_reason(record, self._drop_list_pages)
+      if reason:
+        yield beam_utils.count_event(f"drop:{reason}")
+        return
+      title, text = record["title"], wiki.clean_wikitext(record["wikitext"])
+      where = f"page {title!r} (id {record.get('id')})"
+    else:
+      title, text, where = record["title"].strip(), record["text"], record.get("source", "")
+      reason = wiki.title_drop_reason(title) if self._drop_list_pages else None
+      if reason:
+        yield beam_utils.count_event(f"drop:{reason}")
+        return
+    if not title or not text.strip():
+      logging.warning("data_prep.blocks: skipped empty article %s", where)
+      yield beam_utils.count_event("skip:empty_article")
+      return
+    try:
+      blocks = article_to_blocks(title, text, self._tokenizer, self._block_seq_length)
+    except ValueError as e:
+      logging.warning("data_prep.blocks: skipped %s: %s", where, e)
+      yield beam_utils.count_event("skip:title_too_long")
+      return
+    yield beam_utils.count_event("articles_kept")
+    yield doc_key(title, text), {"title": title, "bodies": [b["body"] for b in blocks],
+                                 "token_ids": [b["token_ids"] for b in blocks]}
+
+
+def _dedupe(kv):
+  key, values = kv
+  values = list(values)
+  yield key, values[0]
+  if len(values) > 1:
+    yield beam_utils.count_event("drop:duplicate_article", len(values) - 1)
+
+
+def _offsets(key_counts: List[Tuple[str, int]]) -> Dict[str, int]:
+  offsets, total = {}, 0
+  for key, n in sorted(key_counts):
+    offsets[key] = total
+    total += n
+  return offsets
+
+
+def _assign_ids(kv, offsets):
+  key, doc = kv
+  first = offsets[key]
+  for i, (body, token_ids) in enumerate(zip(doc["bodies"], doc["token_ids"])):
+    yield {"block_id": first + i, "uid": text_lib.document_uid(doc["title"], body),
+           "title": doc["title"], "body": body, "token_ids": token_ids}
+
+
+def _fingerprint(id_uids: List[Tuple[int, str]]) -> Dict:
+  id_uids = sorted(id_uids)
+  if [i for i, _ in id_uids] != list(range(len(id_uids))):
+    raise AssertionError("block ids are not dense")
+  return {"num_blocks": len(id_uids),
+          "fingerprint": schema.blocks_fingerprint(u for _, u in id_uids)}
+
+
+def _read_tfds(p, name_split: str):
+  import tensorflow_datasets as tfds
+  name, _, split = name_split.partition(":")
+  split = split or "train"
+  try:
+    builder = tfds.builder(name)
+  except Exception as e:  # pylint: disable=broad-except
+    raise InputError(f"unknown TFDS dataset {name!r}: {e}") from e
+  if not tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json")):
+    raise InputError(f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; build it "
+                     f"first (tfds build {name}) or pass a dump / JSON lines file")
+
+  def to_article(ex):
+    def s(v):
+      return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    return "article", {"title": s(ex["title"]), "text": s(ex["text"]), "source": name_split}
+
+  return (p | "ReadTFDS" >> tfds.beam.ReadFromTFDS(builder, split=split)
+          | "TFDSToArticle" >> beam.Map(to_article))
+
+
+def build_blocks_pipeline(p, input_spec: str, vocab_file: str, tmp_dir: str,
+                          lower_case: bool = True, block_seq_length: int = 288,
+                          drop_list_pages: bool = True, num_shards: int = 0) -> None:
+  """Adds the blocks pipeline to ``p``; writes shards and ``_stats.json`` into ``tmp_dir``."""
+  kind, files = resolve_input(input_spec)
+  if kind == "tfds":
+    records = _read_tfds(p, files[0])
+  else:
+    records = (p | "Files" >> beam.Create(files)
+               | "ReadRecords" >> beam.FlatMap(read_corpus_file, kind=kind)
+               | "Distribute" >> beam.Reshuffle())
+  docs = records | "ToBlocks" >> beam.ParDo(ArticleToBlocksFn(
+      vocab_file, lower_case, block_seq_length, drop_list_pages)).with_outputs(
+          beam_utils.STATS_TAG, main="docs")
+  unique = (docs.docs | "GroupByDoc" >> beam.GroupByKey()
+            | "Dedupe" >> beam.FlatMap(_dedupe).with_output_types(
+                Tuple[str, Any]).with_outputs(beam_utils.STATS_TAG, main="docs"))
+  offsets = (unique.docs | "DocSizes" >> beam.Map(lambda kv: (kv[0], len(kv[1]["bodies"])))
+             | "AllDocSizes" >> beam.combiners.ToList() | "Offsets" >> beam.Map(_offsets))
+  blocks = unique.docs | "AssignIds" >> beam.FlatMap(
+      _assign_ids, offsets=beam.pvalue.AsSingleton(offsets))
+  _ = (blocks | "ToExample" >> beam.Map(lambda b: (b["block_id"], block_example(b)))
+       | "WriteBlocks" >> beam_utils.WriteTFRecordShards(
+           os.path.join(tmp_dir, schema.BLOCKS_PREFIX), schema.TFRECORD_SUFFIX, num_shards))
+  fingerprint = (blocks | "IdUid" >> beam.Map(lambda b: (b["block_id"], b["uid"]))
+                 | "AllIdUids" >> beam.combiners.ToList() | "Fingerprint" >> beam.Map(_fingerprint))
+  _ = ((docs[beam_utils.STATS_TAG], unique[beam_utils.STATS_TAG])
+       | "Stats" >> beam_utils.CollectStats(tmp_dir, {"blocks": fingerprint}))
+
+
+def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bool = True,
+               block_seq_length: int = 288, drop_list_pages: bool = True, num_shards: int = 0,
+               pipeline_args: Optional[Sequence[str]] = None) -> Dict:
+  """Runs the blocks pipeline and writes ``output_dir`` atomically; returns the manifest."""
+  from realm_tf.tokenization import load_vocab
+  load_vocab(vocab_file)  # Fails early, naming the file, if the vocab is missing or unusable.
+  resolve_input(input_spec)  # Fails early on a missing input.
+  with beam_utils.atomic_output_dir(output_dir) as tmp:
+    beam_utils.run_pipeline(
+        lambda p: build_blocks_pipeline(p, input_spec, vocab_file, tmp, lower_case,
+                                        block_seq_length, drop_list_pages, num_shards),
+        pipeline_args, "blocks")
+    stats = beam_utils.pop_stats(tmp)
+    counts = stats["counts"]
+    num_blocks = stats["blocks"]["num_blocks"]
+    if num_blocks == 0:
+      raise InputError(f"no blocks from {input_spec}: every record was dropped or skipped "
+                       f"({counts}); nothing written to {output_dir}")
+    shards = beam_utils.fill_missing_shards(tmp, schema.BLOCKS_PREFIX, schema.TFRECORD_SUFFIX)
+    manifest = {
+        "num_blocks": num_blocks,
+        "num_documents": counts.get("articles_kept", 0) - counts.get("drop:duplicate_article", 0),
+        "vocab_file": os.path.abspath(vocab_file) if "://" not in vocab_file else vocab_file,
+        "vocab_sha1": text_lib.file_sha1(vocab_file),
+        "lower_case": lower_case,
+        "block_seq_length": block_seq_length,
+        "fingerprint": stats["blocks"]["fingerprint"],
+        "num_shards": len(shards),
+        "source": input_spec,
+        "drop_list_pages": drop_list_pages,
+        "block_order": "title, sha1(article text), position in article",
+        "counts": counts,
+    }
+    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+  skipped = {k: v for k, v in counts.items() if k.startswith(("skip:", "drop:"))}
+  logging.info("blocks: %d blocks from %d articles -> %s (dropped/skipped: %s)", num_blocks,
+               manifest["num_documents"], output_dir, skipped)
+  return manifest
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--vocab_file", required=True, help="WordPiece vocabulary file.")
+  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction,
+                      help="Lower-case before WordPiece (uncased BERT vocab).")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description=__doc__.split("\n\n")[0],
+      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
+  parser.add_argument("--input", required=True,
+                      help="XML dump(s), JSON lines file(s) (comma list or glob) or tfds:NAME[:SPLIT].")
+  parser.add_argument("--output_dir", required=True)
+  add_common_flags(parser)
+  parser.add_argument("--block_seq_length", type=int, default=288)
+  parser.add_argument("--keep_list_pages", action="store_true",
+                      help="Keep list/index/outline/disambiguation pages (ORQA drops them).")
+  parser.add_argument("--num_shards", type=int, default=0, help="0: the runner decides.")
+  args, pipeline_args = parser.parse_known_args(argv)
+  logging.getLogger().setLevel(logging.INFO)
+  manifest = run_blocks(args.input, args.vocab_file, args.output_dir, args.lower_case,
+                        args.block_seq_length, not args.keep_list_pages, args.num_shards,
+                        pipeline_args)
+  print(json.dumps({k: manifest[k] for k in ("num_blocks", "num_documents", "fingerprint")}))
+
+
+if __name__ == "__main__":
+  main()

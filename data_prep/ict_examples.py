@@ -1,0 +1,170 @@
+"""Blocks -> Inverse Cloze Task examples (ORQA's retriever warm start).
+
+For every sentence of every block with at least two sentences: the sentence is the pseudo-query
+(``[CLS] sentence [SEP]``, ``query_seq_length`` 96) and its block is the positive
+(``[CLS] title [SEP] body [SEP]``, ``block_seq_length`` 288), with the sentence cut out of the body
+with probability ``--remove_prob`` (0.9, as in ORQA), decided by a seeded RNG per (block uid,
+sentence index). One-sentence blocks give no example (``skip:single_sentence_block``): the
+query would be the whole block. The eval split holds out whole blocks by the same hash rule as
+the pre-training examples. Features: ``data_prep.schema.ict_features``.
+
+Command line::
+
+  python -m data_prep.ict_examples --blocks_dir /data/blocks --vocab_file vocab.txt \\
+      --output_dir /data/ict
+"""
+
+import argparse
+import json
+import logging
+import os
+import random
+from typing import Dict, List, Optional, Sequence
+
+import apache_beam as beam
+import tensorflow as tf
+
+from data_prep import beam_utils
+from data_prep import pretrain_examples
+from data_prep import salient_spans
+from data_prep import schema
+from data_prep import text as text_lib
+
+
+def ict_pairs(block: Dict, sentences, remove_prob: float, seed: int) -> List[Dict]:
+  """One block + its sentence spans -> ``[{"query", "body", "sentence_removed", "index"}]``."""
+  body = block["body"]
+  if len(sentences) < 2:
+    return []
+  out = []
+  for index, (s, e) in enumerate(sentences):
+    rng = random.Random(f"{seed}:ict:{block['uid']}:{index}")
+    removed = rng.random() < remove_prob
+    new_body = (body[:s].rstrip() + " " + body[e:].lstrip()).strip() if removed else body
+    out.append({"query": body[s:e], "body": new_body, "sentence_removed": int(removed),
+                "index": index})
+  return out
+
+
+class BuildIctFn(beam.DoFn):
+  """A batch of serialized blocks -> ``(split, (key, serialized ICT example))``."""
+
+  def __init__(self, vocab_file, lower_case, query_seq_length, block_seq_length, remove_prob,
+               seed, eval_fraction):
+    self._cfg = (vocab_file, lower_case)
+    self._qlen, self._blen = query_seq_length, block_seq_length
+    self._remove_prob, self._seed, self._eval_fraction = remove_prob, seed, eval_fraction
+
+  def setup(self):
+    from realm_tf.tokenization import RealmTokenizer
+    self._tok = RealmTokenizer(*self._cfg)
+    self._progress = beam_utils.ProgressLogger("ICT blocks", every=5000)
+
+  def process(self, batch):
+    blocks = [salient_spans.parse_block(s) for s in batch]
+    spans = text_lib.batch_sentence_spans([b["body"] for b in blocks])
+    rows = []
+    for block, sents in zip(blocks, spans):
+      pairs = ict_pairs(block, sents, self._remove_prob, self._seed)
+      if not pairs:
+        yield beam_utils.count_event("skip:single_sentence_block")
+      rows.extend((block, p) for p in pairs)
+    self._progress.add(len(blocks))
+    if not rows:
+      return
+    q = self._tok.query_inputs([p["query"] for _, p in rows], self._qlen)
+    b = self._tok.block_inputs([bl["title"] for bl, _ in rows], [p["body"] for _, p in rows],
+                               self._blen)
+    q = {k: v.numpy() for k, v in q.items()}
+    b = {k: v.numpy() for k, v in b.items()}
+    for i, (block, pair) in enumerate(rows):
+      split = pretrain_examples.split_of(block["uid"], self._eval_fraction)
+      feats = {
+          "query_ids": q["input_word_ids"][i], "query_mask": q["input_mask"][i],
+          "block_ids": b["input_word_ids"][i], "block_mask": b["input_mask"][i],
+          "block_type_ids": b["input_type_ids"][i], "block_id": [block["block_id"]],
+          "sentence_removed": [pair["sentence_removed"]],
+      }
+      ex = tf.train.Example(features=tf.train.Features(feature={
+          k: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in v]))
+          for k, v in feats.items()}))
+      yield beam_utils.count_event(f"examples:{split}")
+      yield beam_utils.count_event("sentence_removed", pair["sentence_removed"])
+      yield beam.pvalue.TaggedOutput(
+          split, ((block["block_id"], pair["index"]), ex.SerializeToString()))
+
+
+def run_ict_examples(blocks_dir: str, vocab_file: str, output_dir: str, lower_case: bool = True,
+                     query_seq_length: int = 96, block_seq_length: int = 288,
+                     remove_prob: float = 0.9, eval_fraction: float = 0.02, seed: int = 0,
+                     num_shards: int = 0, pipeline_args: Optional[Sequence[str]] = None) -> Dict:
+  """Runs the ICT pipeline; writes ``output_dir`` atomically; returns the manifest."""
+  from realm_tf.tokenization import load_vocab
+  load_vocab(vocab_file)
+  blocks_manifest = schema.load_manifest(blocks_dir)
+  with beam_utils.atomic_output_dir(output_dir) as tmp:
+    def build(p):
+      out = (p | "ReadBlocks" >> beam_utils.ReadTFRecordFiles(
+                 os.path.join(blocks_dir, "blocks-*.tfrecord"))
+             | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=128)
+             | "ICT" >> beam.ParDo(BuildIctFn(
+                 vocab_file, lower_case, query_seq_length, block_seq_length, remove_prob, seed,
+                 eval_fraction)).with_outputs(
+                     beam_utils.STATS_TAG, schema.TRAIN_SPLIT, schema.EVAL_SPLIT))
+      for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
+        _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
+            os.path.join(tmp, split), schema.TFRECORD_SUFFIX, num_shards)
+      _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
+    beam_utils.run_pipeline(build, pipeline_args, "ict_examples")
+    counts = beam_utils.pop_stats(tmp)["counts"]
+    for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
+      beam_utils.fill_missing_shards(tmp, split, schema.TFRECORD_SUFFIX)
+    manifest = {
+        "kind": "ict",
+        "num_train": counts.get(f"examples:{schema.TRAIN_SPLIT}", 0),
+        "num_eval": counts.get(f"examples:{schema.EVAL_SPLIT}", 0),
+        "num_sentence_removed": counts.get("sentence_removed", 0),
+        "remove_prob": remove_prob,
+        "eval_fraction": eval_fraction,
+        "eval_rule": "hash_fraction(block_uid, salt='eval:') < eval_fraction",
+        "query_seq_length": query_seq_length,
+        "block_seq_length": block_seq_length,
+        "seed": seed,
+        "vocab_file": vocab_file,
+        "lower_case": lower_case,
+        "blocks_fingerprint": blocks_manifest["fingerprint"],
+        "blocks_dir": blocks_dir,
+        "counts": counts,
+    }
+    if manifest["num_train"] == 0:
+      raise ValueError(f"no ICT examples from {blocks_dir} ({counts}); nothing written")
+    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+  logging.info("ICT examples: %d train, %d eval -> %s", manifest["num_train"],
+               manifest["num_eval"], output_dir)
+  return manifest
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description="Inverse Cloze Task examples from a blocks directory.",
+      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
+  parser.add_argument("--blocks_dir", required=True)
+  parser.add_argument("--output_dir", required=True)
+  parser.add_argument("--vocab_file", required=True)
+  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction)
+  parser.add_argument("--query_seq_length", type=int, default=96)
+  parser.add_argument("--block_seq_length", type=int, default=288)
+  parser.add_argument("--remove_prob", type=float, default=0.9)
+  parser.add_argument("--eval_fraction", type=float, default=0.02)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--num_shards", type=int, default=0)
+  args, pipeline_args = parser.parse_known_args(argv)
+  logging.getLogger().setLevel(logging.INFO)
+  m = run_ict_examples(args.blocks_dir, args.vocab_file, args.output_dir, args.lower_case,
+                       args.query_seq_length, args.block_seq_length, args.remove_prob,
+                       args.eval_fraction, args.seed, args.num_shards, pipeline_args)
+  print(json.dumps({k: m[k] for k in ("num_train", "num_eval", "num_sentence_removed")}))
+
+
+if __name__ == "__main__":
+  main()

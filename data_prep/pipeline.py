@@ -1,0 +1,85 @@
+"""All corpus steps in order: blocks -> salient spans -> pre-training examples -> ICT examples.
+
+:func:`prepare_all` is what ``make demo`` calls. Output layout::
+
+  output_dir/blocks/      blocks-*.tfrecord + manifest.json
+  output_dir/sentences/   sentences-*.jsonl + manifest.json
+  output_dir/pretrain/    train-*.tfrecord, eval-*.tfrecord + manifest.json
+  output_dir/ict/         train-*.tfrecord, eval-*.tfrecord + manifest.json
+
+Each step writes its directory atomically. Command line::
+
+  python -m data_prep.pipeline --corpus world/articles.jsonl --vocab_file world/vocab.txt \\
+      --output_dir /tmp/prepared --patterns_file world/entity_patterns.jsonl
+"""
+
+import argparse
+import json
+import logging
+import os
+import time
+from typing import Dict, Optional, Sequence
+
+from data_prep import blocks
+from data_prep import ict_examples
+from data_prep import pretrain_examples
+from data_prep import salient_spans
+
+
+def prepare_all(corpus_jsonl_or_xml: str, vocab_file: str, output_dir: str,
+                masking: str = "salient", spacy_model: str = "auto",
+                patterns_file: Optional[str] = None, lower_case: bool = True,
+                block_seq_length: int = 288, query_seq_length: int = 96, max_masks: int = 10,
+                examples_per_sentence: int = 1, eval_fraction: float = 0.02,
+                drop_list_pages: bool = True, seed: int = 0,
+                pipeline_args: Optional[Sequence[str]] = None) -> Dict[str, Dict]:
+  """Runs the four corpus pipelines; returns ``{"blocks"|"sentences"|"pretrain"|"ict": manifest}``
+  and each manifest's directory under ``"dirs"``."""
+  dirs = {k: os.path.join(output_dir, k) for k in ("blocks", "sentences", "pretrain", "ict")}
+  start = time.time()
+  out = {"dirs": dirs}
+  out["blocks"] = blocks.run_blocks(corpus_jsonl_or_xml, vocab_file, dirs["blocks"], lower_case,
+                                    block_seq_length, drop_list_pages,
+                                    pipeline_args=pipeline_args)
+  out["sentences"] = salient_spans.run_annotate(dirs["blocks"], dirs["sentences"], spacy_model,
+                                                patterns_file, pipeline_args=pipeline_args)
+  out["pretrain"] = pretrain_examples.run_pretrain_examples(
+      dirs["sentences"], vocab_file, dirs["pretrain"], masking, lower_case, query_seq_length,
+      max_masks, examples_per_sentence, eval_fraction, seed, pipeline_args=pipeline_args)
+  out["ict"] = ict_examples.run_ict_examples(
+      dirs["blocks"], vocab_file, dirs["ict"], lower_case, query_seq_length, block_seq_length,
+      eval_fraction=eval_fraction, seed=seed, pipeline_args=pipeline_args)
+  logging.info("prepare_all: done in %.1f s -> %s", time.time() - start, output_dir)
+  return out
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description="Run blocks -> salient spans -> pre-training examples -> ICT examples.",
+      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
+  parser.add_argument("--corpus", required=True, help="XML dump, JSON lines or tfds:NAME[:SPLIT].")
+  parser.add_argument("--vocab_file", required=True)
+  parser.add_argument("--output_dir", required=True)
+  parser.add_argument("--masking", default="salient", choices=pretrain_examples.MASKINGS)
+  parser.add_argument("--spacy_model", default="auto")
+  parser.add_argument("--patterns_file", default=None)
+  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction)
+  parser.add_argument("--examples_per_sentence", type=int, default=1)
+  parser.add_argument("--eval_fraction", type=float, default=0.02)
+  parser.add_argument("--keep_list_pages", action="store_true")
+  parser.add_argument("--seed", type=int, default=0)
+  args, pipeline_args = parser.parse_known_args(argv)
+  logging.getLogger().setLevel(logging.INFO)
+  out = prepare_all(args.corpus, args.vocab_file, args.output_dir, args.masking, args.spacy_model,
+                    args.patterns_file, args.lower_case,
+                    examples_per_sentence=args.examples_per_sentence,
+                    eval_fraction=args.eval_fraction, drop_list_pages=not args.keep_list_pages,
+                    seed=args.seed, pipeline_args=pipeline_args)
+  print(json.dumps({"blocks": out["blocks"]["num_blocks"],
+                    "sentences": out["sentences"]["num_sentences"],
+                    "pretrain_train": out["pretrain"]["num_train"],
+                    "ict_train": out["ict"]["num_train"], "dirs": out["dirs"]}))
+
+
+if __name__ == "__main__":
+  main()

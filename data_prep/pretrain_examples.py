@@ -1,0 +1,312 @@
+"""Annotated sentences -> masked-LM pre-training examples (REALM's queries).
+
+Maskings (``--masking``):
+
+* ``salient`` (default; the paper's): one whole salient span (named entity or date) of the
+  sentence, every wordpiece ``[MASK]``, at most ``max_masks``. ``--examples_per_sentence`` k gives
+  up to k examples per sentence, each with a different span. Sentences without a usable span give
+  no example (counted as ``skip:no_salient_span``).
+* ``random_span``: Table 2's "random span masks" ablation (SpanBERT-style whole-word spans).
+* ``uniform``: Table 2's "random uniform masks" ablation (BERT: 15% of wordpieces, 80/10/10).
+
+Sentences longer than ``query_seq_length - 2`` wordpieces are cut around the masked span (kept,
+not skipped); see ``data_prep.masking``. Each example carries ``source_block_id`` and
+``source_uid``, the block the sentence came from, for "prohibit trivial retrieval".
+
+The eval split holds out whole blocks: a sentence goes to ``eval`` when
+``hash_fraction(block_uid, salt="eval:") < eval_fraction`` (SHA1-based, see
+``data_prep.text.hash_fraction``). Features: ``data_prep.schema.pretrain_features``.
+
+Command line::
+
+  python -m data_prep.pretrain_examples --sentences_dir /data/sentences \\
+      --vocab_file vocab.txt --output_dir /data/pretrain [--masking salient]
+"""
+
+import argparse
+import json
+import logging
+import os
+import random
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import apache_beam as beam
+import tensorflow as tf
+
+from data_prep import beam_utils
+from data_prep import masking as masking_lib
+from data_prep import schema
+from data_prep import text as text_lib
+
+MASKINGS = ("salient", "random_span", "uniform")
+
+
+def split_of(block_uid: str, eval_fraction: float) -> str:
+  """``"eval"`` for a deterministic ``eval_fraction`` of block uids, else ``"train"``."""
+  return schema.EVAL_SPLIT if text_lib.hash_fraction(block_uid, "eval:") < eval_fraction else (
+      schema.TRAIN_SPLIT)
+
+
+def _int_feature(values):
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
+
+
+def _bytes_feature(value: str):
+  return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode("utf-8")]))
+
+
+def to_example(q: masking_lib.MaskedQuery, record: Dict, query_seq_length: int,
+               max_masks: int) -> bytes:
+  """A masked query + its sentence record -> serialized tf.Example (fixed lengths)."""
+  n_mask = len(q.mlm_positions)
+  feature = {
+      "query_ids": _int_feature(masking_lib.pad_to(q.query_ids, query_seq_length)),
+      "query_mask": _int_feature(masking_lib.pad_to([1] * len(q.query_ids), query_seq_length)),
+      "mlm_positions": _int_feature(masking_lib.pad_to(q.mlm_positions, max_masks)),
+      "mlm_ids": _int_feature(masking_lib.pad_to(q.mlm_ids, max_masks)),
+      "mlm_weights": tf.train.Feature(float_list=tf.train.FloatList(
+          value=masking_lib.pad_to([1.0] * n_mask, max_masks, 0.0))),
+      "source_block_id": _int_feature([record["block_id"]]),
+      "source_uid": _bytes_feature(record["block_uid"]),
+      "answer": _bytes_feature(q.answer),
+      "sentence": _bytes_feature(record["sentence"]),
+  }
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+class ExampleBuilder:
+  """Builds masked queries for batches of sentence records (plain Python + one tokenizer).
+
+  Args:
+    tokenizer: a ``realm_tf.tokenization.RealmTokenizer``.
+    masking: one of :data:`MASKINGS`.
+    seed: the random choices of a sentence depend only on (seed, block uid, sentence index).
+
+  ``build(records)`` returns ``[(record, MaskedQuery)]`` and a list of event names to count.
+  """
+
+  def __init__(self, tokenizer, masking: str = "salient", query_seq_length: int = 96,
+               max_masks: int = 10, examples_per_sentence: int = 1, seed: int = 0):
+    if masking not in MASKINGS:
+      raise ValueError(f"masking must be one of {MASKINGS}, got {masking!r}")
+    self.tok = tokenizer
+    self.masking = masking
+    self.query_seq_length = query_seq_length
+    self.max_masks = max_masks
+    self.examples_per_sentence = examples_per_sentence
+    self.seed = seed
+    special = {i for i, t in enumerate(tokenizer.vocab) if t.startswith("[") and t.endswith("]")}
+    self.random_ids = [i for i in range(tokenizer.vocab_size) if i not in special]
+
+  def _rng(self, record: Dict) -> random.Random:
+    return random.Random(f"{self.seed}:{self.masking}:{record['block_uid']}:"
+                         f"{record['sentence_index']}")
+
+  def build(self, records: Sequence[Dict]) -> Tuple[List[Tuple[Dict, masking_lib.MaskedQuery]],
+                                                    List[str]]:
+    if self.masking == "uniform":
+      return self._build_uniform(records)
+    events: List[str] = []
+    # (record, char start, char end) candidates; one tokenizer call for all their pieces.
+    candidates: List[Tuple[Dict, int, int, random.Random]] = []
+    if self.masking == "salient":
+      for r in records:
+        rng = self._rng(r)
+        spans = [text_lib.byte_span_to_chars(r["sentence"], s["span_byte_start"],
+                                             s["span_byte_limit"]) for s in r.get("spans", [])]
+        if not spans:
+          events.append("skip:no_salient_span")
+          continue
+        rng.shuffle(spans)
+        candidates.extend((r, s, e, rng) for s, e in spans)
+    else:
+      words_of = [masking_lib.word_spans(r["sentence"]) for r in records]
+      flat = [r["sentence"][s:e] for r, ws in zip(records, words_of) for s, e in ws]
+      counts = self.tok.count_wordpieces(flat)
+      i = 0
+      for r, ws in zip(records, words_of):
+        wc, i = counts[i:i + len(ws)], i + len(ws)
+        rng = self._rng(r)
+        for _ in range(self.examples_per_sentence):
+          span = masking_lib.choose_random_span(ws, wc, rng, self.max_masks)
+          if span is None:
+            events.append("skip:no_maskable_word")
+            break
+          candidates.append((r, span[0], span[1], rng))
+    texts = []
+    for r, s, e, _ in candidates:
+      sent = r["sentence"]
+      texts.extend([sent[:s], sent[s:e], sent[e:]])
+    ids = self.tok.tokenize(texts).to_list() if texts else []
+    out, per_sentence = [], {}
+    for k, (r, s, e, _) in enumerate(candidates):
+      key = (r["block_uid"], r["sentence_index"])
+      if per_sentence.get(key, 0) >= self.examples_per_sentence:
+        continue
+      q = masking_lib.mask_span(ids[3 * k], ids[3 * k + 1], ids[3 * k + 2], r["sentence"][s:e],
+                                self.tok.cls_id, self.tok.sep_id, self.tok.mask_id,
+                                self.query_seq_length, self.max_masks)
+      if q is None:
+        events.append("skip:span_too_long")
+        continue
+      if len(ids[3 * k]) + len(ids[3 * k + 1]) + len(ids[3 * k + 2]) > self.query_seq_length - 2:
+        events.append("sentence_cut_around_span")
+      per_sentence[key] = per_sentence.get(key, 0) + 1
+      out.append((r, q))
+    if self.masking == "salient":
+      used = set(per_sentence)
+      for r in records:
+        if r.get("spans") and (r["block_uid"], r["sentence_index"]) not in used:
+          events.append("skip:no_usable_salient_span")
+    return out, events
+
+  def _build_uniform(self, records):
+    ids = self.tok.tokenize([r["sentence"] for r in records]).to_list() if records else []
+    out, events = [], []
+    for r, t in zip(records, ids):
+      rng = self._rng(r)
+      for _ in range(self.examples_per_sentence):
+        q = masking_lib.mask_uniform(t, rng, self.tok.cls_id, self.tok.sep_id, self.tok.mask_id,
+                                     self.random_ids, self.query_seq_length, self.max_masks,
+                                     vocab_lookup=lambda i: self.tok.vocab[i])
+        if q is None:
+          events.append("skip:empty_sentence")
+          break
+        if len(t) > self.query_seq_length - 2:
+          events.append("sentence_cut_at_end")
+        out.append((r, q))
+    return out, events
+
+
+class BuildExamplesFn(beam.DoFn):
+  """A batch of sentence JSON lines -> ``(split, (key, serialized))``; events on "stats"."""
+
+  def __init__(self, vocab_file, lower_case, masking, query_seq_length, max_masks,
+               examples_per_sentence, seed, eval_fraction):
+    self._cfg = (vocab_file, lower_case, masking, query_seq_length, max_masks,
+                 examples_per_sentence, seed)
+    self._eval_fraction = eval_fraction
+
+  def setup(self):
+    from realm_tf.tokenization import RealmTokenizer
+    vocab_file, lower_case, masking, qlen, max_masks, k, seed = self._cfg
+    self._builder = ExampleBuilder(RealmTokenizer(vocab_file, lower_case), masking, qlen,
+                                   max_masks, k, seed)
+    self._progress = beam_utils.ProgressLogger("sentences masked", every=20000)
+
+  def process(self, lines):
+    records = []
+    for line in lines:
+      records.append(json.loads(line))
+    yield beam_utils.count_event("sentences_read", len(records))
+    built, events = self._builder.build(records)
+    for e in events:
+      yield beam_utils.count_event(e)
+    counter = {}
+    for r, q in built:
+      key = (r["block_uid"], r["sentence_index"])
+      counter[key] = counter.get(key, 0) + 1
+      split = split_of(r["block_uid"], self._eval_fraction)
+      yield beam_utils.count_event(f"examples:{split}")
+      yield beam.pvalue.TaggedOutput(split, (
+          (r["block_id"], r["sentence_index"], counter[key]),
+          to_example(q, r, self._builder.query_seq_length, self._builder.max_masks)))
+    self._progress.add(len(records))
+
+
+def _read_jsonl_lines(path: str) -> Iterable[str]:
+  with tf.io.gfile.GFile(path, "r") as f:
+    for line in f:
+      if line.strip():
+        yield line
+
+
+def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
+                          masking: str = "salient", lower_case: bool = True,
+                          query_seq_length: int = 96, max_masks: int = 10,
+                          examples_per_sentence: int = 1, eval_fraction: float = 0.02,
+                          seed: int = 0, num_shards: int = 0,
+                          pipeline_args: Optional[Sequence[str]] = None) -> Dict:
+  """Runs the pre-training examples pipeline; writes ``output_dir`` atomically."""
+  if masking not in MASKINGS:
+    raise ValueError(f"--masking must be one of {MASKINGS}, got {masking!r}")
+  if not 0.0 <= eval_fraction < 1.0:
+    raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
+  from realm_tf.tokenization import load_vocab
+  load_vocab(vocab_file)
+  sent_manifest = schema.load_manifest(sentences_dir)
+  files = schema.shard_files(sentences_dir, schema.SENTENCES_PREFIX, schema.JSONL_SUFFIX)
+  with beam_utils.atomic_output_dir(output_dir) as tmp:
+    def build(p):
+      out = (p | "Files" >> beam.Create(files)
+             | "ReadLines" >> beam.FlatMap(_read_jsonl_lines).with_output_types(str)
+             | "Distribute" >> beam.Reshuffle()
+             | "Batch" >> beam.BatchElements(min_batch_size=32, max_batch_size=512)
+             | "Mask" >> beam.ParDo(BuildExamplesFn(
+                 vocab_file, lower_case, masking, query_seq_length, max_masks,
+                 examples_per_sentence, seed, eval_fraction)).with_outputs(
+                     beam_utils.STATS_TAG, schema.TRAIN_SPLIT, schema.EVAL_SPLIT))
+      for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
+        _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
+            os.path.join(tmp, split), schema.TFRECORD_SUFFIX, num_shards)
+      _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
+    beam_utils.run_pipeline(build, pipeline_args, "pretrain_examples")
+    counts = beam_utils.pop_stats(tmp)["counts"]
+    for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
+      beam_utils.fill_missing_shards(tmp, split, schema.TFRECORD_SUFFIX)
+    num_train = counts.get(f"examples:{schema.TRAIN_SPLIT}", 0)
+    if num_train == 0:
+      raise ValueError(f"no training examples from {sentences_dir} with masking={masking!r} "
+                       f"({counts}); nothing written to {output_dir}")
+    manifest = {
+        "kind": "pretrain",
+        "masking": masking,
+        "num_train": num_train,
+        "num_eval": counts.get(f"examples:{schema.EVAL_SPLIT}", 0),
+        "eval_fraction": eval_fraction,
+        "eval_rule": "hash_fraction(block_uid, salt='eval:') < eval_fraction",
+        "query_seq_length": query_seq_length,
+        "max_masks": max_masks,
+        "examples_per_sentence": examples_per_sentence,
+        "seed": seed,
+        "vocab_file": vocab_file,
+        "vocab_sha1": text_lib.file_sha1(vocab_file),
+        "lower_case": lower_case,
+        "blocks_fingerprint": sent_manifest["blocks_fingerprint"],
+        "sentences_dir": sentences_dir,
+        "annotator": sent_manifest.get("annotator"),
+        "long_sentences": "cut around the masked span" if masking != "uniform" else "cut at end",
+        "counts": counts,
+    }
+    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+  logging.info("pretrain examples (%s): %d train, %d eval -> %s", masking, manifest["num_train"],
+               manifest["num_eval"], output_dir)
+  return manifest
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      description="Masked-LM pre-training examples from annotated sentences.",
+      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
+  parser.add_argument("--sentences_dir", required=True)
+  parser.add_argument("--output_dir", required=True)
+  parser.add_argument("--vocab_file", required=True)
+  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction)
+  parser.add_argument("--masking", default="salient", choices=MASKINGS)
+  parser.add_argument("--query_seq_length", type=int, default=96)
+  parser.add_argument("--max_masks", type=int, default=10)
+  parser.add_argument("--examples_per_sentence", type=int, default=1)
+  parser.add_argument("--eval_fraction", type=float, default=0.02)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--num_shards", type=int, default=0)
+  args, pipeline_args = parser.parse_known_args(argv)
+  logging.getLogger().setLevel(logging.INFO)
+  m = run_pretrain_examples(args.sentences_dir, args.vocab_file, args.output_dir, args.masking,
+                            args.lower_case, args.query_seq_length, args.max_masks,
+                            args.examples_per_sentence, args.eval_fraction, args.seed,
+                            args.num_shards, pipeline_args)
+  print(json.dumps({k: m[k] for k in ("masking", "num_train", "num_eval")}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,271 @@
+"""The embedded default corpus: a small, deterministic, invented encyclopedia.
+
+:func:`generate_world` builds a closed world of regions, cities, people, organizations and works
+whose names are made of syllables (so no pre-trained model knows them), with dates and
+attributes, and writes it as encyclopedia-style articles. **Every fact is stated in at least two
+different articles, phrased differently** (a birth in the person's and in the city's article, a
+work in the work's and the author's article, ...), so a fact masked in one sentence cannot be
+guessed from that sentence but can be read in another block: retrieval is necessary.
+
+Outputs (:func:`write_world`):
+
+* ``articles.jsonl``: ``{"title", "text"}``, sentences separated by spaces, paragraphs by
+  blank lines;
+* ``qa.jsonl``: ``{"question", "answers": [...]}`` about the facts;
+* ``entity_patterns.jsonl``: spaCy ``EntityRuler`` patterns (PERSON, GPE, ORG, WORK_OF_ART)
+  for every invented name;
+* ``facts.jsonl``: ``{"subject", "relation", "object", "articles": [titles stating it]}``;
+* ``vocab.txt`` (with ``vocab_size``): a WordPiece vocabulary learned from the articles.
+
+Example::
+
+  python -m data_prep.synthetic_world --output_dir /tmp/world --vocab_size 3000
+"""
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+from typing import Dict, List, Optional
+
+from data_prep import beam_utils
+
+SYLLABLES = ("ka", "lo", "mer", "dri", "van", "tos", "bel", "quin", "zor", "thal", "rin", "wex",
+             "pol", "dun", "mir", "sa", "ve", "gor", "lun", "tri", "bo", "ny", "phe", "ska",
+             "rel", "jo", "xa", "ulm", "ost", "fen", "dar", "ith", "cor", "vu", "ne", "sil")
+OCCUPATIONS = ("painter", "chemist", "poet", "composer", "astronomer", "architect", "novelist",
+               "mathematician", "engraver", "cartographer")
+GENRES = ("novel", "symphony", "treatise", "poem cycle", "atlas", "play", "chronicle")
+WORK_NOUNS = ("Chronicle", "Sonata", "Atlas", "Elegy", "Letters", "Garden", "Lantern", "Canticle")
+ORG_NOUNS = ("Institute", "Society", "Academy", "Guild", "Company", "Observatory", "Press")
+TRAITS = ("careful", "restless", "generous", "solitary", "inventive", "patient")
+
+
+@dataclasses.dataclass
+class World:
+  articles: List[Dict]
+  qa: List[Dict]
+  patterns: List[Dict]
+  facts: List[Dict]
+
+
+class _Names:
+  def __init__(self, rng: random.Random):
+    self.rng, self.used = rng, set()
+
+  def make(self, syllables: int) -> str:
+    while True:
+      name = "".join(self.rng.choice(SYLLABLES) for _ in range(syllables)).capitalize()
+      if name not in self.used and len(name) >= 4:
+        self.used.add(name)
+        return name
+
+
+def _article(noun: str) -> str:
+  return ("an " if noun[0] in "aeiou" else "a ") + noun
+
+
+def _list_phrase(items: List[str]) -> str:
+  return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def generate_world(seed: int = 0, num_regions: int = 6, num_cities: int = 30,
+                   num_people: int = 100, num_organizations: int = 24,
+                   num_works: int = 50) -> World:
+  """Builds the world; the same arguments always give the same world (``random.Random(seed)``).
+
+  The default size gives 210 articles of 2 to 12 sentences.
+  """
+  rng = random.Random(seed)
+  names = _Names(rng)
+  regions = [{"name": names.make(3), "cities": []} for _ in range(num_regions)]
+  cities = []
+  for i in range(num_cities):
+    region = regions[i % num_regions]
+    c = {"name": names.make(rng.choice((2, 3))), "region": region["name"],
+         "founded": rng.randint(1100, 1650), "people": [], "orgs": []}
+    region["cities"].append(c)
+    cities.append(c)
+  people = []
+  for _ in range(num_people):
+    city = rng.choice(cities)
+    p = {"name": f"{names.make(2)} {names.make(rng.choice((2, 3)))}", "city": city["name"],
+         "born": rng.randint(1720, 1950), "occupation": rng.choice(OCCUPATIONS),
+         "trait": rng.choice(TRAITS), "works": [], "orgs": []}
+    city["people"].append(p)
+    people.append(p)
+  works = []
+  for _ in range(num_works):
+    author = rng.choice(people)
+    w = {"name": f"The {names.make(2)} {rng.choice(WORK_NOUNS)}", "author": author["name"],
+         "year": author["born"] + rng.randint(20, 60), "genre": rng.choice(GENRES)}
+    author["works"].append(w)
+    works.append(w)
+  orgs = []
+  for _ in range(num_organizations):
+    founder = rng.choice(people)
+    city = rng.choice(cities)
+    o = {"name": f"{names.make(rng.choice((2, 3)))} {rng.choice(ORG_NOUNS)}",
+         "founder": founder["name"], "year": founder["born"] + rng.randint(25, 55),
+         "city": city["name"]}
+    founder["orgs"].append(o)
+    city["orgs"].append(o)
+    orgs.append(o)
+
+  articles: List[Dict] = []
+  facts: Dict = {}
+
+  def fact(subject, relation, obj, title):
+    facts.setdefault((subject, relation, str(obj)), []).append(title)
+
+  for p in people:
+    t = p["name"]
+    s = [f"{t} was {_article(p['occupation'])} born in {p['city']} in {p['born']}.",
+         f"Friends described {t} as a {p['trait']} person."]
+    fact(t, "born_in", p["city"], t)
+    fact(t, "born_year", p["born"], t)
+    fact(t, "occupation", p["occupation"], t)
+    for w in p["works"]:
+      s.append(f"In {w['year']}, {t} wrote {w['name']}, {_article(w['genre'])}.")
+      fact(w["name"], "author", t, t)
+      fact(w["name"], "year", w["year"], t)
+    for o in p["orgs"]:
+      s.append(f"{t} founded the {o['name']} in {o['year']}.")
+      fact(o["name"], "founder", t, t)
+      fact(o["name"], "year", o["year"], t)
+    articles.append({"title": t, "text": " ".join(s)})
+  for c in cities:
+    t = c["name"]
+    s = [f"{t} is a city in {c['region']}.",
+         f"Its charter dates from {c['founded']}."]
+    fact(t, "region", c["region"], t)
+    fact(t, "founded", c["founded"], t)
+    born = [f"{t} is the birthplace of the {p['occupation']} {p['name']}, who was born there in "
+            f"{p['born']}." for p in c["people"]]
+    for p in c["people"]:
+      fact(p["name"], "born_in", t, t)
+      fact(p["name"], "born_year", p["born"], t)
+      fact(p["name"], "occupation", p["occupation"], t)
+    hosted = [f"The {o['name']} has its headquarters in {t}." for o in c["orgs"]]
+    for o in c["orgs"]:
+      fact(o["name"], "city", t, t)
+    text = " ".join(s)
+    if born:
+      text += "\n\nNotable people\n\n" + " ".join(born)
+    if hosted:
+      text += "\n\nInstitutions\n\n" + " ".join(hosted)
+    articles.append({"title": t, "text": text})
+  for r in regions:
+    t = r["name"]
+    s = [f"{t} is a region whose cities include {_list_phrase([c['name'] for c in r['cities']])}."]
+    for c in r["cities"]:
+      s.append(f"Settlers founded {c['name']} in {c['founded']}.")
+      fact(c["name"], "region", t, t)
+      fact(c["name"], "founded", c["founded"], t)
+    articles.append({"title": t, "text": " ".join(s)})
+  for w in works:
+    t = w["name"]
+    s = [f"{t} is {_article(w['genre'])} by {w['author']}, first published in {w['year']}.",
+         f"Critics still debate the ending of {t}."]
+    fact(t, "author", w["author"], t)
+    fact(t, "year", w["year"], t)
+    articles.append({"title": t, "text": " ".join(s)})
+  for o in orgs:
+    t = o["name"]
+    s = [f"The {t} was established in {o['year']} by {o['founder']}.",
+         f"The seat of the {t} is in {o['city']}."]
+    fact(t, "founder", o["founder"], t)
+    fact(t, "year", o["year"], t)
+    fact(t, "city", o["city"], t)
+    articles.append({"title": t, "text": " ".join(s)})
+
+  questions = {
+      "born_in": "Where was {s} born?",
+      "born_year": "In what year was {s} born?",
+      "occupation": "What was the occupation of {s}?",
+      "author": "Who wrote {s}?",
+      "year": "When was {s} created?",
+      "founder": "Who founded the {s}?",
+      "city": "In which city is the {s} based?",
+      "region": "In which region is {s}?",
+      "founded": "When was {s} founded?",
+  }
+  fact_list, qa = [], []
+  for (subject, relation, obj), titles in facts.items():
+    fact_list.append({"subject": subject, "relation": relation, "object": obj,
+                      "articles": sorted(set(titles))})
+    q = questions[relation].format(s=subject)
+    if relation == "year" and subject.startswith("The ") and any(
+        w["name"] == subject for w in works):
+      q = f"When was {subject} first published?"
+    elif relation == "year":
+      q = f"When was the {subject} established?"
+    qa.append({"question": q, "answers": [obj]})
+  patterns = ([{"label": "PERSON", "pattern": p["name"]} for p in people] +
+              [{"label": "GPE", "pattern": c["name"]} for c in cities] +
+              [{"label": "GPE", "pattern": r["name"]} for r in regions] +
+              [{"label": "ORG", "pattern": o["name"]} for o in orgs] +
+              [{"label": "WORK_OF_ART", "pattern": w["name"]} for w in works])
+  return World(articles, qa, patterns, fact_list)
+
+
+def build_demo_vocab(texts, output_file: str, vocab_size: int = 3000,
+                     lower_case: bool = True) -> List[str]:
+  """Learns the demo's WordPiece vocabulary from article texts (``realm_tf`` ``learn_vocab``)."""
+  from realm_tf.tokenization import learn_vocab
+  vocab = learn_vocab(list(texts), output_file, vocab_size=vocab_size, lower_case=lower_case)
+  # The learner keeps only frequent pieces of so small a corpus; adding the name syllables (as
+  # word starts and continuations) makes every invented name a handful of wordpieces.
+  extra = [p for s in SYLLABLES for p in (s, "##" + s) if p not in vocab]
+  if extra:
+    vocab = vocab + extra
+    tmp = output_file + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write("\n".join(vocab) + "\n")
+    os.replace(tmp, output_file)
+  return vocab
+
+
+def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
+                lower_case: bool = True) -> Dict[str, str]:
+  """Writes the world's files into ``output_dir`` atomically; returns their paths."""
+  names = {"articles": "articles.jsonl", "qa": "qa.jsonl", "patterns": "entity_patterns.jsonl",
+           "facts": "facts.jsonl"}
+  with beam_utils.atomic_output_dir(output_dir) as tmp:
+    for key, rows in (("articles", world.articles), ("qa", world.qa),
+                      ("patterns", world.patterns), ("facts", world.facts)):
+      with open(os.path.join(tmp, names[key]), "w", encoding="utf-8") as f:
+        for row in rows:
+          f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    if vocab_size:
+      build_demo_vocab([a["title"] + "\n" + a["text"] for a in world.articles] +
+                       [q["question"] for q in world.qa], os.path.join(tmp, "vocab.txt"),
+                       vocab_size, lower_case)
+      names["vocab"] = "vocab.txt"
+  return {k: os.path.join(output_dir, v) for k, v in names.items()}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description="Generate the synthetic knowledge world.")
+  parser.add_argument("--output_dir", required=True)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--num_regions", type=int, default=6)
+  parser.add_argument("--num_cities", type=int, default=30)
+  parser.add_argument("--num_people", type=int, default=100)
+  parser.add_argument("--num_organizations", type=int, default=24)
+  parser.add_argument("--num_works", type=int, default=50)
+  parser.add_argument("--vocab_size", type=int, default=0,
+                      help="Also learn a WordPiece vocab.txt of about this size (0: no).")
+  args = parser.parse_args(argv)
+  logging.getLogger().setLevel(logging.INFO)
+  world = generate_world(args.seed, args.num_regions, args.num_cities, args.num_people,
+                         args.num_organizations, args.num_works)
+  paths = write_world(world, args.output_dir, args.vocab_size or None)
+  print(json.dumps({"articles": len(world.articles), "qa": len(world.qa),
+                    "patterns": len(world.patterns), "facts": len(world.facts), **paths}))
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,142 @@
+"""Tests of the synthetic world, the span annotator, and prepare_all end to end."""
+
+import json
+import logging
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data_prep import pipeline
+from data_prep import salient_spans
+from data_prep import schema
+from data_prep import synthetic_world
+from data_prep import text as text_lib
+from realm_tf.tokenization import RealmTokenizer
+
+SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+BERT_VOCAB = str(SHARED / "vocab" / "bert-base-uncased-vocab.txt")
+SMALL = dict(num_regions=3, num_cities=8, num_people=20, num_organizations=6, num_works=10)
+
+
+def test_world_is_deterministic_and_states_each_fact_twice():
+  a = synthetic_world.generate_world(seed=3)
+  b = synthetic_world.generate_world(seed=3)
+  assert a == b
+  assert synthetic_world.generate_world(seed=4).articles != a.articles
+  assert 150 <= len(a.articles) <= 300
+  texts = {x["title"]: x["text"] for x in a.articles}
+  assert len(texts) == len(a.articles)  # Unique titles.
+  for f in a.facts:
+    assert len(f["articles"]) >= 2, f
+    phrasings = set()
+    for title in f["articles"]:
+      sents = [s for s in re.split(r"(?<=\.)\s+", texts[title])
+               if f["object"] in s and (f["subject"] in s or title == f["subject"])]
+      assert sents, (f, title)
+      phrasings.update(sents)
+    assert len(phrasings) >= 2, f  # Phrased differently in different articles.
+  assert len(a.qa) == len(a.facts) and all(q["answers"] for q in a.qa)
+  vocab = set(open(BERT_VOCAB, encoding="utf-8").read().split())
+  people = [p["pattern"] for p in a.patterns if p["label"] == "PERSON"]
+  assert sum(n.split()[1].lower() in vocab for n in people) <= 2  # Invented names.
+
+
+def test_date_regex():
+  s = "Born on 12 March 1843, died March 3, 1901; active 1870 to 1890 and in May 1888; 12345."
+  found = [s[a:b] for a, b, _ in salient_spans.find_dates(s)]
+  assert found == ["12 March 1843", "March 3, 1901", "1870", "1890", "May 1888"]
+
+
+def test_annotator_model_ruler_and_fallback(tmp_path, caplog):
+  patterns = tmp_path / "p.jsonl"
+  patterns.write_text(json.dumps({"label": "PERSON", "pattern": "Velo Quintrell"}) + "\n")
+  sentence = "Velo Quintrell met Barack Obama in Paris in 1998."
+  ann = salient_spans.SpanAnnotator("auto", str(patterns))
+  assert ann.has_statistical_model
+  spans = {sentence[a:b]: l for a, b, l in ann.annotate([sentence])[0]}
+  assert spans["Velo Quintrell"] == "PERSON" and spans["1998"] == "DATE"
+  assert spans["Paris"] == "GPE" and spans["Barack Obama"] == "PERSON"
+  with caplog.at_level(logging.WARNING):
+    rules = salient_spans.SpanAnnotator("no_such_model_xyz", str(patterns))
+  assert "rule-based" in caplog.text and "no_such_model_xyz" in caplog.text
+  assert not rules.has_statistical_model
+  spans = {sentence[a:b]: l for a, b, l in rules.annotate([sentence])[0]}
+  assert spans == {"Velo Quintrell": "PERSON", "1998": "DATE"}
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"label": "X"}\n')
+  with pytest.raises(ValueError, match="bad.jsonl:1"):
+    salient_spans.SpanAnnotator("none", str(bad))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  root = tmp_path_factory.mktemp("prep")
+  world = synthetic_world.generate_world(seed=0, **SMALL)
+  paths = synthetic_world.write_world(world, str(root / "world"), vocab_size=1000)
+  out = pipeline.prepare_all(paths["articles"], paths["vocab"], str(root / "out"),
+                             patterns_file=paths["patterns"], eval_fraction=0.2)
+  return world, paths, out
+
+
+def test_prepare_all_outputs(prepared):
+  world, paths, out = prepared
+  dirs = out["dirs"]
+  blocks = schema.read_blocks(dirs["blocks"])
+  assert len(blocks) == len(world.articles) == out["blocks"]["num_blocks"]
+  fp = out["blocks"]["fingerprint"]
+  assert out["sentences"]["blocks_fingerprint"] == fp
+  assert out["pretrain"]["blocks_fingerprint"] == fp == out["ict"]["blocks_fingerprint"]
+  by_id = {b["block_id"]: b for b in blocks}
+  tok = RealmTokenizer(paths["vocab"])
+  names = {p["pattern"] for p in world.patterns}
+  sentences = list(schema.read_sentences(dirs["sentences"]))
+  for s in sentences:
+    body = by_id[s["block_id"]]["body"].encode("utf-8")
+    assert body[s["sentence_byte_start"]:s["sentence_byte_limit"]].decode() == s["sentence"]
+    for sp in s["spans"]:
+      assert 0 <= sp["span_byte_start"] < sp["span_byte_limit"] <= len(s["sentence"].encode())
+  examples = schema.read_examples(dirs["pretrain"], "train") + schema.read_examples(
+      dirs["pretrain"], "eval")
+  assert len(examples) == out["pretrain"]["num_train"] + out["pretrain"]["num_eval"]
+  assert out["pretrain"]["num_eval"] > 0
+  for ex in examples:
+    (block_id,), (uid,), (answer,), (sentence,) = (ex["source_block_id"], ex["source_uid"],
+                                                   ex["answer"], ex["sentence"])
+    assert by_id[block_id]["uid"] == uid and sentence in by_id[block_id]["body"]
+    assert answer in sentence
+    assert answer in names or re.fullmatch(r"\d{4}", answer), answer
+    n = int(sum(ex["mlm_weights"]))
+    assert ex["mlm_ids"][:n] == tok.tokenize([answer])[0].numpy().tolist()
+    assert [ex["query_ids"][p] for p in ex["mlm_positions"][:n]] == [tok.mask_id] * n
+  ds = schema.make_dataset(dirs["pretrain"], "train", schema.parse_pretrain_example,
+                           with_host_features=False).batch(4)
+  batch = next(iter(ds))
+  assert batch["query_ids"].dtype == tf.int32 and batch["query_ids"].shape == (4, 96)
+  assert batch["mlm_positions"].shape == (4, 10) and batch["mlm_weights"].dtype == tf.float32
+
+
+def test_ict_outputs(prepared):
+  _, paths, out = prepared
+  ds = schema.make_dataset(out["dirs"]["ict"], "train", schema.parse_ict_example)
+  removed = []
+  tok = RealmTokenizer(paths["vocab"])
+  for ex in ds.take(200):
+    ex = {k: v.numpy() for k, v in ex.items()}
+    assert ex["block_ids"].shape == (288,) and ex["query_ids"].shape == (96,)
+    q = ex["query_ids"][1:ex["query_mask"].sum() - 1].tolist()
+    body = ex["block_ids"][ex["block_type_ids"] == 1][:-1].tolist()
+    contains = any(body[i:i + len(q)] == q for i in range(len(body) - len(q) + 1))
+    assert contains == (not ex["sentence_removed"])
+    removed.append(ex["sentence_removed"])
+  assert 0.75 < np.mean(removed) < 0.98
+  assert out["ict"]["num_train"] > 0 and tok.vocab_size > 0
+
+
+def test_pipeline_is_deterministic(prepared, tmp_path):
+  world, paths, out = prepared
+  from data_prep import blocks
+  again = blocks.run_blocks(paths["articles"], paths["vocab"], str(tmp_path / "b"))
+  assert again["fingerprint"] == out["blocks"]["fingerprint"]
