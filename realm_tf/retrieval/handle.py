@@ -1,0 +1,203 @@
+"""``IndexHandle``: the reader side of the index directory, for trainers and evaluation.
+
+The handle follows ``index_dir/LATEST``. A background thread loads a newer index as soon as
+``LATEST`` moves; the caller swaps it in between batches with ``maybe_swap()``, so a search
+never sees an index change half-way and never waits for a load. Example::
+
+    handle = IndexHandle(index_dir, expected_fingerprint=blocks_manifest["fingerprint"],
+                         expected_dim=128)
+    handle.wait_for_first()
+    for step, batch in enumerate(batches):
+      if handle.maybe_swap():
+        logging.info("now using the index of step %d", handle.step)
+      ids, scores = handle.search(query_embeddings, k=8)
+      staleness = step - handle.step
+    handle.close()
+"""
+
+import os
+import threading
+import time
+from typing import Optional, Tuple
+
+from absl import logging
+import numpy as np
+
+from realm_tf.retrieval import errors
+from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import publish
+
+# Errors that mean "this index will never fit": raised to the caller, not retried.
+_FATAL = (errors.DimensionMismatchError, errors.FingerprintMismatchError)
+
+
+class _Loaded:
+
+  def __init__(self, path: str, index: index_lib.MipsIndex):
+    self.path = path
+    self.index = index
+    self.manifest = index.manifest
+    self.step = int(index.manifest["model_step"])
+
+
+class IndexHandle:
+  """Loads the index ``LATEST`` names and keeps a newer one ready to swap in.
+
+  Args:
+    index_dir: where ``realm-refresh`` or ``realm-index build`` publishes indexes.
+    expected_fingerprint: the caller's corpus fingerprint; an index over another corpus is
+      refused (``FingerprintMismatchError``).
+    expected_dim: the caller's embedding width; a different index is refused.
+    wait_seconds: how long ``wait_for_first`` waits for a first index.
+    poll_seconds: how often ``LATEST`` is checked, in the background and while waiting.
+    watch: poll for newer indexes after the first (False: a fixed, stale index).
+  """
+
+  def __init__(self, index_dir: str, expected_fingerprint: Optional[str] = None,
+               expected_dim: Optional[int] = None, wait_seconds: float = 600.0,
+               poll_seconds: float = 10.0, watch: bool = True):
+    self.index_dir = index_dir
+    self.expected_fingerprint = expected_fingerprint
+    self.expected_dim = expected_dim
+    self.wait_seconds = float(wait_seconds)
+    self.poll_seconds = float(poll_seconds)
+    self.watch = watch
+    self._current: Optional[_Loaded] = None
+    self._pending: Optional[_Loaded] = None
+    self._error: Optional[Exception] = None
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+
+  # Loading ----------------------------------------------------------------------------------
+
+  def _load(self, path: str) -> _Loaded:
+    return _Loaded(path, index_lib.load_index(path, expected_dim=self.expected_dim,
+                                              expected_fingerprint=self.expected_fingerprint))
+
+  def _try_load_latest(self, newer_than: Optional[int]) -> Optional[_Loaded]:
+    """The index ``LATEST`` names if it is newer than ``newer_than``; None if none/transient."""
+    path = publish.read_latest(self.index_dir)
+    if path is None:
+      return None
+    step = int(os.path.basename(path).split("-", 1)[1])
+    if newer_than is not None and step <= newer_than:
+      return None
+    try:
+      return self._load(path)
+    except _FATAL:
+      raise
+    except (errors.RetrievalError, OSError) as e:
+      # The index was pruned or replaced between reading LATEST and loading it: retry later.
+      logging.info("could not load %s yet (%s); will retry", path, e)
+      return None
+
+  def wait_for_first(self) -> "IndexHandle":
+    """Blocks until an index is loaded; raises ``IndexNotReadyError`` after ``wait_seconds``."""
+    if self._current is not None:
+      return self
+    deadline = time.time() + self.wait_seconds
+    told = False
+    while True:
+      loaded = self._try_load_latest(None)
+      if loaded is not None:
+        break
+      remaining = deadline - time.time()
+      if remaining <= 0:
+        raise errors.IndexNotReadyError(
+            f"no index appeared in {self.index_dir} within {self.wait_seconds:.0f}s: start the "
+            f"refresher (realm-refresh --model_dir=... --index_dir={self.index_dir} "
+            f"--blocks_dir=...) or build one (realm-index build --model_dir=... "
+            f"--blocks_dir=... --index_dir={self.index_dir})")
+      if not told:
+        logging.info("waiting up to %.0fs for an index in %s (run realm-refresh or "
+                     "realm-index build)", self.wait_seconds, self.index_dir)
+        told = True
+      time.sleep(min(self.poll_seconds, max(remaining, 0.01)))
+    self._current = loaded
+    logging.info("loaded index %s (model step %d)", loaded.path, loaded.step)
+    if self.watch and self._thread is None:
+      self._thread = threading.Thread(target=self._watch, name="IndexHandle", daemon=True)
+      self._thread.start()
+    return self
+
+  def _watch(self):
+    while not self._stop.wait(self.poll_seconds):
+      with self._lock:
+        known = self._pending.step if self._pending is not None else self._current.step
+      try:
+        loaded = self._try_load_latest(known)
+      except _FATAL as e:
+        with self._lock:
+          self._error = e
+        return
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("index watcher: %s", e)
+        continue
+      if loaded is not None:
+        with self._lock:
+          self._pending = loaded
+
+  # Caller side ------------------------------------------------------------------------------
+
+  def maybe_swap(self) -> bool:
+    """Swaps in a newer index if one was loaded in the background; never blocks on a load.
+
+    Raises the mismatch error if a newer index does not fit (dimension or corpus).
+    """
+    if self._current is None:
+      self.wait_for_first()
+    with self._lock:
+      if self._error is not None:
+        error, self._error = self._error, None
+        raise error
+      if self._pending is None:
+        return False
+      self._current, self._pending = self._pending, None
+    logging.info("swapped in index %s (model step %d)", self._current.path, self._current.step)
+    return True
+
+  def _loaded(self) -> _Loaded:
+    if self._current is None:
+      self.wait_for_first()
+    return self._current
+
+  def search(self, query_embeddings: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(block_ids int64 [b, k], scores float32 [b, k])`` from the current index."""
+    return self._loaded().index.search(query_embeddings, k)
+
+  @property
+  def index(self) -> index_lib.MipsIndex:
+    return self._loaded().index
+
+  @property
+  def step(self) -> int:
+    """Model step of the current index (staleness = trainer step - this)."""
+    return self._loaded().step
+
+  @property
+  def path(self) -> str:
+    return self._loaded().path
+
+  @property
+  def manifest(self) -> dict:
+    return dict(self._loaded().manifest)
+
+  @property
+  def query_embedder_checkpoint(self) -> Optional[str]:
+    """Path of the query-tower snapshot the current index was built with (or None)."""
+    loaded = self._loaded()
+    rel = loaded.manifest.get("query_embedder_checkpoint")
+    return None if rel is None else os.path.join(loaded.path, rel)
+
+  def close(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=max(1.0, self.poll_seconds * 2))
+      self._thread = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.close()

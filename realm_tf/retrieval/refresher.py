@@ -1,0 +1,305 @@
+"""The asynchronous index refresher: checkpoints in, published indexes out.
+
+``refresh_loop`` polls a trainer's model directory. For each new checkpoint (at most one build
+every ``min_step_interval`` steps, always the newest checkpoint) it restores only the towers it
+needs, embeds the corpus with the block tower, builds the index, measures its recall@10
+against exact search on a sample of query-tower embeddings, and publishes it as
+``index_dir/step-<N>`` (see ``publish.py``). It exits once the trainer has written
+``TRAINING_DONE`` and the final checkpoint has an index. Killed at any moment and restarted,
+it removes leftover temporary directories and carries on from ``LATEST``.
+
+Example (in-process; ``realm-refresh`` is the same loop as a binary)::
+
+    refresh_loop("runs/pretrain", "runs/pretrain/index", "data/blocks", keep=3,
+                 min_step_interval=500)
+"""
+
+import dataclasses
+import os
+import time
+from typing import Callable, Optional
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import modeling
+from realm_tf.retrieval import blocks as blocks_lib
+from realm_tf.retrieval import corpus
+from realm_tf.retrieval import errors
+from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import publish
+
+RECALL_K = 10
+
+
+@dataclasses.dataclass
+class BuildOptions:
+  """How each index is built.
+
+  Attributes:
+    index_type: ``scann`` (exact scoring below ``scann.brute_force_below`` blocks) or
+      ``brute_force``.
+    scann: ScaNN settings (defaults in ``index.ScannSettings``).
+    batch_size: global batch size of the corpus embedding.
+    recall_queries: number of sample queries for the recall@10 measurement (0: skip).
+    keep: indexes kept in ``index_dir``.
+    tensorboard_dir: where build summaries go (default ``index_dir/tensorboard``; "" for none).
+    progress: show progress bars.
+    testonly_build_delay: seconds to sleep half-way through writing each index (tests only).
+  """
+  index_type: str = "scann"
+  scann: index_lib.ScannSettings = dataclasses.field(default_factory=index_lib.ScannSettings)
+  batch_size: int = 128
+  recall_queries: int = 200
+  keep: int = 3
+  tensorboard_dir: Optional[str] = None
+  progress: bool = True
+  testonly_build_delay: float = 0.0
+
+
+def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
+  deadline = time.time() + wait_seconds
+  while not tf.io.gfile.isdir(model_dir):
+    if time.time() >= deadline:
+      raise errors.CheckpointNotFoundError(
+          f"model directory not found: {model_dir} (give the trainer's --model_dir, or start "
+          "the trainer first)")
+    time.sleep(1.0)
+
+
+class Refresher:
+  """Holds the towers of one model directory across builds; ``build(checkpoint)`` publishes.
+
+  Args:
+    model_dir: the trainer's model directory (``model_config.yaml``, ``vocab.txt``,
+      ``ckpt-N``).
+    blocks_dir: the corpus.
+    index_dir: where indexes are published.
+    options: ``BuildOptions``.
+    strategy: the ``tf.distribute`` strategy to embed under (default: the current one).
+  """
+
+  def __init__(self, model_dir: str, blocks_dir: str, index_dir: str,
+               options: Optional[BuildOptions] = None,
+               strategy: Optional[tf.distribute.Strategy] = None):
+    self.model_dir = model_dir
+    self.blocks_dir = blocks_dir
+    self.index_dir = index_dir
+    self.options = options or BuildOptions()
+    self.strategy = strategy or tf.distribute.get_strategy()
+    self.blocks_manifest = blocks_lib.load_manifest(blocks_dir)
+    self.config = None
+    self.query_embedder = None
+    self.block_embedder = None
+    self._writer = None
+    self._embed_query = None
+
+  def _build_towers(self):
+    if self.config is not None:
+      return
+    self.config = model_dir_lib.load_config(self.model_dir)
+    with self.strategy.scope():
+      self.query_embedder, self.block_embedder = modeling.build_embedders(self.config.retriever)
+    self._embed_query = tf.function(lambda x: self.query_embedder(x, training=False))
+
+  def _restore(self, checkpoint_path: str) -> None:
+    """Partial restore of the towers; CheckpointVanishedError if the files went away."""
+    shared = self.query_embedder is self.block_embedder
+    try:
+      if shared:
+        model_dir_lib.restore(checkpoint_path, block_embedder=self.block_embedder)
+      else:
+        model_dir_lib.restore(checkpoint_path, query_embedder=self.query_embedder,
+                              block_embedder=self.block_embedder)
+    except (model_dir_lib.ModelDirError, tf.errors.OpError) as e:
+      if not tf.io.gfile.exists(checkpoint_path + ".index"):
+        raise errors.CheckpointVanishedError(
+            f"checkpoint {checkpoint_path} disappeared while being read") from None
+      raise e
+
+  def _summary_writer(self):
+    if self._writer is None:
+      logdir = self.options.tensorboard_dir
+      if logdir is None:
+        logdir = os.path.join(self.index_dir, "tensorboard")
+      if logdir:
+        self._writer = tf.summary.create_file_writer(logdir)
+    return self._writer
+
+  def measure_recall(self, index: index_lib.MipsIndex, embeddings: np.ndarray) -> Optional[float]:
+    """Recall@10 of ``index`` against exact search, on query-tower embeddings of sample blocks."""
+    num = self.options.recall_queries
+    if num <= 0:
+      return None
+    if isinstance(index, index_lib.BruteForceIndex):
+      return 1.0
+    inputs = corpus.sample_query_inputs(self.blocks_dir, num,
+                                        self.config.retriever.query_seq_length,
+                                        self.config.vocab_file, self.config.lower_case)
+    queries = np.concatenate([
+        self._embed_query({k: v[i:i + 128] for k, v in inputs.items()}).numpy()
+        for i in range(0, int(inputs["input_word_ids"].shape[0]), 128)])
+    return index_lib.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_blocks))
+
+  def build(self, checkpoint_path: str, embeddings: Optional[np.ndarray] = None) -> str:
+    """Restores, embeds, builds, publishes; returns the published directory.
+
+    ``embeddings``: the corpus already embedded with this checkpoint (e.g. merged from
+    ``realm-index embed`` shards); the corpus is then not embedded again.
+    """
+    start = time.time()
+    step = model_dir_lib.checkpoint_step(checkpoint_path)
+    self._build_towers()
+    self._restore(checkpoint_path)
+    restored = time.time()
+    opts = self.options
+    num_blocks = int(self.blocks_manifest["num_blocks"])
+    if embeddings is None:
+      ids, emb = corpus.embed_corpus(
+          self.block_embedder, self.blocks_dir, self.config.retriever.block_seq_length,
+          self.config.vocab_file, self.config.lower_case, batch_size=opts.batch_size,
+          strategy=self.strategy, progress=opts.progress)
+      table = corpus.assemble_rows(ids, emb, num_blocks, where=self.blocks_dir)
+    else:
+      table = np.asarray(embeddings, np.float32)
+      if table.shape[0] != num_blocks:
+        raise errors.CorpusFormatError(
+            f"{table.shape[0]} embeddings for a corpus of {num_blocks} blocks "
+            f"({self.blocks_dir})")
+    expected_dim = self.config.retriever.projection_size
+    if table.shape[1] != expected_dim:
+      raise errors.DimensionMismatchError(
+          f"embeddings have dimension {table.shape[1]} but the model's projection_size is "
+          f"{expected_dim}")
+    embedded = time.time()
+    index = index_lib.build_index(table, opts.index_type, opts.scann)
+    built = time.time()
+    recall = self.measure_recall(index, table)
+    metadata = {
+        "corpus_fingerprint": self.blocks_manifest["fingerprint"],
+        "blocks_dir": os.path.abspath(self.blocks_dir),
+        "model_dir": os.path.abspath(self.model_dir),
+        "checkpoint": checkpoint_path,
+        "restore_seconds": round(restored - start, 3),
+        "embed_seconds": round(embedded - restored, 3),
+        "index_build_seconds": round(built - embedded, 3),
+        f"recall_at_{RECALL_K}": recall,
+        "recall_queries": opts.recall_queries if recall is not None else 0,
+    }
+
+    def delay(_):
+      if opts.testonly_build_delay > 0:
+        time.sleep(opts.testonly_build_delay)
+
+    metadata["build_seconds"] = round(time.time() - start, 3)
+    path = publish.publish(index, self.index_dir, step, metadata,
+                           query_embedder=self.query_embedder, keep=opts.keep,
+                           before_manifest=delay)
+    total = time.time() - start
+    recall_text = "n/a" if recall is None else f"{recall:.4f}"
+    print(f"[realm-refresh] published {path}: step {step}, {num_blocks} blocks, dim "
+          f"{table.shape[1]}, {index.index_type}/{index.settings().get('mode')}, "
+          f"embed {embedded - restored:.1f}s, index {built - embedded:.1f}s, "
+          f"total {total:.1f}s, recall@{RECALL_K} {recall_text}", flush=True)
+    writer = self._summary_writer()
+    if writer is not None:
+      with writer.as_default():
+        tf.summary.scalar("refresh/num_blocks", num_blocks, step=step)
+        tf.summary.scalar("refresh/build_seconds", total, step=step)
+        tf.summary.scalar("refresh/embed_seconds", embedded - restored, step=step)
+        tf.summary.scalar("refresh/index_seconds", built - embedded, step=step)
+        tf.summary.scalar("refresh/blocks_per_second", num_blocks / max(embedded - restored,
+                                                                          1e-9), step=step)
+        if recall is not None:
+          tf.summary.scalar(f"refresh/recall_at_{RECALL_K}", recall, step=step)
+      writer.flush()
+    return path
+
+
+def build_index_for_checkpoint(checkpoint_path: Optional[str], model_dir: str, blocks_dir: str,
+                               index_dir: str, options: Optional[BuildOptions] = None,
+                               strategy: Optional[tf.distribute.Strategy] = None,
+                               embeddings: Optional[np.ndarray] = None) -> str:
+  """Builds and publishes the index of one checkpoint; returns ``index_dir/step-<N>``.
+
+  ``checkpoint_path`` None means the newest checkpoint of ``model_dir``.
+  """
+  _require_model_dir(model_dir)
+  if checkpoint_path is None:
+    checkpoint_path = tf.train.latest_checkpoint(model_dir)
+    if checkpoint_path is None:
+      raise errors.CheckpointNotFoundError(f"no checkpoint in {model_dir}")
+  elif not tf.io.gfile.exists(checkpoint_path + ".index"):
+    raise errors.CheckpointNotFoundError(f"checkpoint not found: {checkpoint_path}")
+  return Refresher(model_dir, blocks_dir, index_dir, options, strategy).build(
+      checkpoint_path, embeddings=embeddings)
+
+
+def refresh_loop(model_dir: str,
+                 index_dir: str,
+                 blocks_dir: str,
+                 keep: int = 3,
+                 min_step_interval: int = 0,
+                 poll_seconds: float = 30.0,
+                 exit_when_done: bool = True,
+                 max_builds: Optional[int] = None,
+                 options: Optional[BuildOptions] = None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 model_dir_wait_seconds: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep) -> int:
+  """Keeps ``index_dir`` fresh while a trainer writes checkpoints into ``model_dir``.
+
+  Args:
+    model_dir: the trainer's model directory (must exist; see ``model_dir_wait_seconds``).
+    index_dir: where indexes are published.
+    blocks_dir: the corpus.
+    keep: indexes kept.
+    min_step_interval: build at most once every this many steps (0: every new checkpoint);
+      the final checkpoint is always built.
+    poll_seconds: how often to look for a new checkpoint.
+    exit_when_done: return once ``TRAINING_DONE`` exists and the newest checkpoint is indexed.
+    max_builds: return after this many builds (None: no limit).
+    options: ``BuildOptions`` (``keep`` overrides ``options.keep``).
+    strategy: ``tf.distribute`` strategy for the embedding.
+    model_dir_wait_seconds: wait this long for ``model_dir`` to appear before failing.
+
+  Returns:
+    The number of indexes built.
+  """
+  _require_model_dir(model_dir, model_dir_wait_seconds)
+  options = dataclasses.replace(options or BuildOptions(), keep=keep)
+  os.makedirs(index_dir, exist_ok=True)
+  for path in publish.clean_temporaries(index_dir):
+    print(f"[realm-refresh] removed leftover {path}", flush=True)
+  refresher = Refresher(model_dir, blocks_dir, index_dir, options, strategy)
+  last = publish.latest_step(index_dir)
+  builds = 0
+  told_waiting = False
+  while True:
+    done = model_dir_lib.training_done(model_dir)  # Read before the checkpoint list.
+    checkpoint = tf.train.latest_checkpoint(model_dir)
+    if checkpoint is not None:
+      step = model_dir_lib.checkpoint_step(checkpoint)
+      due = last is None or (step > last and (step - last >= min_step_interval or done))
+      if due:
+        try:
+          refresher.build(checkpoint)
+        except errors.CheckpointVanishedError as e:
+          logging.warning("%s; looking for a newer one", e)
+          continue
+        last = step
+        builds += 1
+        if max_builds is not None and builds >= max_builds:
+          return builds
+        continue  # A newer checkpoint may have arrived while we built.
+    elif not told_waiting:
+      print(f"[realm-refresh] waiting for a checkpoint in {model_dir}", flush=True)
+      told_waiting = True
+    if done and exit_when_done:
+      if checkpoint is None or last is None or model_dir_lib.checkpoint_step(checkpoint) <= last:
+        print(f"[realm-refresh] {model_dir_lib.TRAINING_DONE} found; the index of step {last} "
+              "is final", flush=True)
+        return builds
+    sleep(poll_seconds)

@@ -1,0 +1,105 @@
+"""Tiny model directories and corpora for the retrieval tests, benchmarks and demos."""
+
+import os
+import re
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import modeling
+from realm_tf import tokenization
+from realm_tf.retrieval import blocks as blocks_lib
+
+WORDS = ("the a of and in to is was by for on as with from at river city king war music "
+         "paris france london river mountain science physics album band film actor born "
+         "capital island ocean history empire language painter novel poem church railway "
+         "station team football player season election party president museum bridge").split()
+
+
+def write_vocab(path: str, texts: Sequence[str] = ()) -> str:
+  """A small WordPiece vocabulary: special tokens, letters, ``##`` letters, words of ``texts``."""
+  words = sorted(set(WORDS) | {w for t in texts for w in re.findall(r"[a-z]+", t.lower())})
+  letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+  vocab = (list(tokenization.RESERVED_TOKENS) + list("0123456789.,?!'-") + letters
+           + ["##" + c for c in letters] + [w for w in words if len(w) > 1])
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(vocab) + "\n")
+  return path
+
+
+def random_texts(n: int, seed: int = 0, min_words: int = 4,
+                 max_words: int = 30) -> Tuple[List[str], List[str]]:
+  """``n`` (title, body) pairs of random words."""
+  rng = np.random.default_rng(seed)
+  titles, bodies = [], []
+  for i in range(n):
+    titles.append(" ".join(rng.choice(WORDS, 2)) + f" {i}")
+    bodies.append(" ".join(rng.choice(WORDS, int(rng.integers(min_words, max_words)))))
+  return titles, bodies
+
+
+def tiny_model_config(vocab_file: str, hidden_size: int = 16, projection_size: int = 16,
+                      share_embedders: bool = True, query_seq_length: int = 16,
+                      block_seq_length: int = 32) -> configs.RealmModelConfig:
+  vocab_size = len(tokenization.load_vocab(vocab_file))
+  return configs.RealmModelConfig(
+      retriever=configs.RetrieverConfig(
+          encoder=configs.bert_tiny(vocab_size, hidden_size), projection_size=projection_size,
+          share_embedders=share_embedders, query_seq_length=query_seq_length,
+          block_seq_length=block_seq_length),
+      reader=configs.ReaderConfig(encoder=configs.bert_tiny(vocab_size, hidden_size),
+                                  seq_length=query_seq_length + block_seq_length),
+      vocab_file=vocab_file)
+
+
+class TinyTrainer:
+  """Writes checkpoints of perturbed towers into a model directory, as a trainer would.
+
+  Example::
+
+    trainer = TinyTrainer(model_dir, vocab_file)
+    trainer.save(100)             # ckpt-100
+    trainer.perturb(); trainer.save(200)
+    trainer.finish(200)           # TRAINING_DONE
+  """
+
+  def __init__(self, model_dir: str, vocab_file: str, max_to_keep: int = 3, seed: int = 0,
+               **config_kwargs):
+    self.model_dir = model_dir
+    self.config = tiny_model_config(vocab_file, **config_kwargs)
+    model_dir_lib.write_metadata(model_dir, self.config, vocab_file)
+    self.config = model_dir_lib.load_config(model_dir)
+    tf.keras.utils.set_random_seed(seed)
+    self.query_embedder, self.block_embedder = modeling.build_embedders(self.config.retriever)
+    self._rng = np.random.default_rng(seed)
+    self._manager = tf.train.CheckpointManager(
+        model_dir_lib.make_checkpoint(query_embedder=self.query_embedder,
+                                      block_embedder=self.block_embedder),
+        model_dir, max_to_keep=max_to_keep, checkpoint_name="ckpt")
+
+  def perturb(self, scale: float = 0.05) -> None:
+    towers = {id(self.query_embedder): self.query_embedder,
+              id(self.block_embedder): self.block_embedder}
+    for tower in towers.values():
+      for v in tower.trainable_variables:
+        v.assign_add(self._rng.normal(0, scale, v.shape).astype(np.float32))
+
+  def save(self, step: int) -> str:
+    return self._manager.save(checkpoint_number=step)
+
+  def finish(self, step: Optional[int] = None) -> None:
+    model_dir_lib.mark_training_done(self.model_dir, step)
+
+
+def make_corpus(blocks_dir: str, vocab_file: str, num_blocks: int, block_seq_length: int = 32,
+                num_shards: int = 2, seed: int = 0, min_words: int = 4,
+                max_words: int = 30) -> dict:
+  """A blocks directory of ``num_blocks`` random blocks; returns its manifest."""
+  titles, bodies = random_texts(num_blocks, seed, min_words, max_words)
+  tokenizer = tokenization.RealmTokenizer(vocab_file)
+  return blocks_lib.write_blocks(blocks_dir, titles, bodies, tokenizer, block_seq_length,
+                                 num_shards=num_shards)

@@ -1,0 +1,139 @@
+"""The index directory contract and the reader side (IndexHandle)."""
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import modeling
+from realm_tf.retrieval import errors
+from realm_tf.retrieval import handle as handle_lib
+from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import publish
+from realm_tf.retrieval import testing
+
+
+def _index(step, n=40, d=8):
+  return index_lib.BruteForceIndex(
+      np.random.default_rng(step).standard_normal((n, d)).astype(np.float32))
+
+
+class PublishTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+
+  def test_publish_moves_latest_and_keeps_k(self):
+    self.assertIsNone(publish.latest_step(self.dir))
+    for step in (100, 200, 300, 400):
+      path = publish.publish(_index(step), self.dir, step, {"corpus_fingerprint": "fp"}, keep=2)
+      self.assertEqual(path, os.path.join(self.dir, f"step-{step}"))
+      self.assertEqual(publish.latest_step(self.dir), step)
+    self.assertEqual(publish.published_steps(self.dir), [300, 400])
+    self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "step-300", "step-400"])
+    manifest = index_lib.read_manifest(os.path.join(self.dir, "step-400"))
+    self.assertEqual((manifest["model_step"], manifest["num_blocks"], manifest["dim"],
+                      manifest["corpus_fingerprint"]), (400, 40, 8, "fp"))
+
+  def test_older_step_does_not_move_latest(self):
+    publish.publish(_index(1), self.dir, 500)
+    publish.publish(_index(2), self.dir, 300)
+    self.assertEqual(publish.latest_step(self.dir), 500)
+
+  def test_leftovers_are_cleaned_and_never_loaded(self):
+    publish.publish(_index(1), self.dir, 100)
+    dead = os.path.join(self.dir, ".tmp-step-200-999999999")  # A builder killed mid-write.
+    os.makedirs(dead)
+    open(os.path.join(dead, "embeddings.npy"), "w").close()
+    with open(os.path.join(self.dir, ".LATEST.tmp-999999999"), "w") as f:
+      f.write("step-200")
+    self.assertEqual(publish.published_steps(self.dir), [100])
+    self.assertEqual(publish.latest_step(self.dir), 100)
+    removed = publish.clean_temporaries(self.dir)
+    self.assertLen(removed, 2)
+    self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "step-100"])
+
+  def test_query_embedder_snapshot_restores(self):
+    vocab = testing.write_vocab(os.path.join(self.dir, "vocab.txt"))
+    config = testing.tiny_model_config(vocab)
+    query, _ = modeling.build_embedders(config.retriever)
+    path = publish.publish(_index(1, d=16), os.path.join(self.dir, "index"), 7,
+                           query_embedder=query)
+    other, _ = modeling.build_embedders(config.retriever)
+    handle = handle_lib.IndexHandle(os.path.join(self.dir, "index"), watch=False)
+    self.assertEqual(handle.query_embedder_checkpoint,
+                     os.path.join(path, "query_embedder", "ckpt"))
+    model_dir_lib.restore(handle.query_embedder_checkpoint, query_embedder=other)
+    for a, b in zip(query.weights, other.weights):
+      self.assertAllEqual(a, b)
+
+
+class IndexHandleTest(tf.test.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+    self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+
+  def test_waits_with_a_helpful_message(self):
+    handle = handle_lib.IndexHandle(self.dir, wait_seconds=0.3, poll_seconds=0.1)
+    with self.assertRaisesRegex(TimeoutError, "realm-refresh --model_dir=.* --index_dir="):
+      handle.wait_for_first()
+    with self.assertRaisesRegex(errors.IndexNotReadyError, "realm-index build"):
+      handle.search(np.zeros([1, 8], np.float32), 1)
+
+  def test_waits_for_the_first_index(self):
+    threading.Timer(0.5, lambda: publish.publish(_index(1), self.dir, 10)).start()
+    handle = handle_lib.IndexHandle(self.dir, wait_seconds=20, poll_seconds=0.1)
+    handle.wait_for_first()
+    self.assertEqual(handle.step, 10)
+    handle.close()
+
+  def test_swaps_only_when_asked(self):
+    publish.publish(_index(1), self.dir, 10, {"corpus_fingerprint": "fp"})
+    handle = handle_lib.IndexHandle(self.dir, expected_fingerprint="fp", expected_dim=8,
+                                    poll_seconds=0.05)
+    self.addCleanup(handle.close)
+    self.assertFalse(handle.maybe_swap())
+    self.assertEqual(handle.step, 10)
+    queries = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    new = _index(2)
+    publish.publish(new, self.dir, 20, {"corpus_fingerprint": "fp"})
+    deadline = time.time() + 20
+    while handle._pending is None and time.time() < deadline:  # pylint: disable=protected-access
+      time.sleep(0.05)
+    self.assertEqual(handle.step, 10)  # Loaded in the background, not yet swapped in.
+    self.assertTrue(handle.maybe_swap())
+    self.assertEqual(handle.step, 20)
+    self.assertFalse(handle.maybe_swap())
+    for got, want in zip(handle.search(queries, 4), new.search(queries, 4)):
+      self.assertAllEqual(got, want)
+
+  def test_refuses_mismatched_indexes(self):
+    publish.publish(_index(1), self.dir, 10, {"corpus_fingerprint": "other"})
+    with self.assertRaisesRegex(errors.FingerprintMismatchError, "built over corpus other"):
+      handle_lib.IndexHandle(self.dir, expected_fingerprint="fp", wait_seconds=1).wait_for_first()
+    with self.assertRaisesRegex(errors.DimensionMismatchError, "dimension 8 .* dimension 128"):
+      handle_lib.IndexHandle(self.dir, expected_dim=128, wait_seconds=1).wait_for_first()
+    # A newer index over another corpus is refused when the caller would swap it in.
+    handle = handle_lib.IndexHandle(self.dir, expected_fingerprint="other", poll_seconds=0.05)
+    self.addCleanup(handle.close)
+    handle.wait_for_first()
+    publish.publish(_index(2), self.dir, 20, {"corpus_fingerprint": "new"})
+    deadline = time.time() + 20
+    while handle._error is None and time.time() < deadline:  # pylint: disable=protected-access
+      time.sleep(0.05)
+    with self.assertRaises(errors.FingerprintMismatchError):
+      handle.maybe_swap()
+    self.assertEqual(handle.step, 10)
+
+
+if __name__ == "__main__":
+  tf.test.main()
