@@ -34,6 +34,9 @@ setuptools.setup(
         "console_scripts": [
             "realm-convert=realm_tf.binaries.convert:run",
             "realm-demo=realm_tf.binaries.demo:run",
+            "realm-index=realm_tf.binaries.index:run",
+            "realm-refresh=realm_tf.binaries.refresh:run",
+            "realm-train=realm_tf.binaries.train:run",
         ],
     },
 )

@@ -18,6 +18,7 @@ import tensorflow as tf
 from official.modeling import hyperparams
 
 from realm_tf import configs
+from realm_tf import tokenization
 
 CONFIG_NAME = "model_config.yaml"
 VOCAB_NAME = "vocab.txt"
@@ -30,7 +31,18 @@ class ModelDirError(ValueError):
 
 def write_metadata(model_dir: str, model_config: configs.RealmModelConfig,
                    vocab_file: str) -> None:
-  """Writes ``model_config.yaml`` and a copy of the vocabulary into ``model_dir``."""
+  """Writes ``model_config.yaml`` and a copy of the vocabulary into ``model_dir``.
+
+  Raises ConfigError when the vocabulary's size differs from the towers' ``vocab_size``.
+  """
+  size = len(tokenization.load_vocab(vocab_file))
+  for name, encoder in (("retriever", model_config.retriever.encoder),
+                        ("reader", model_config.reader.encoder)):
+    if encoder.vocab_size != size:
+      raise configs.ConfigError(
+          f"{vocab_file} has {size} tokens but the {name}'s encoder.vocab_size is "
+          f"{encoder.vocab_size}; override it (e.g. "
+          f"task.model.{name}.encoder.vocab_size={size})")
   tf.io.gfile.makedirs(model_dir)
   target = os.path.join(model_dir, VOCAB_NAME)
   if os.path.abspath(vocab_file) != os.path.abspath(target):

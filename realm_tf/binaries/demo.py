@@ -55,20 +55,27 @@ def prepare_data(out: str):
   """World -> vocab -> blocks, sentences, masked examples, ICT examples."""
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  world_dir = os.path.join(out, "world")
-  world = synthetic_world.write_world(world_dir, seed=FLAGS.seed)
-  vocab = synthetic_world.build_vocab(world["articles"], os.path.join(out, "vocab.txt"))
-  data = pipeline.prepare_all(world["articles"], vocab, os.path.join(out, "data"),
-                              patterns_file=world["patterns"], block_seq_length=64,
-                              query_seq_length=32)
-  return world, vocab, data
+  world = synthetic_world.generate_world(seed=FLAGS.seed)
+  files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000)
+  prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
+                                  patterns_file=files["patterns"], block_seq_length=64,
+                                  query_seq_length=32, eval_fraction=0.2,
+                                  examples_per_sentence=2)
+  return world, files, prepared
 
 
-def realm_overrides(vocab, data, index_dir, steps, refresh, ict_dir):
+def vocab_size(vocab):
+  from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
+  return len(tokenization.load_vocab(vocab))
+
+
+def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir):
   return ",".join([
       f"task.model.vocab_file={vocab}",
-      f"task.train_data.input_path={os.path.join(data['pretrain'], 'train-*')}",
-      f"task.train_data.blocks_dir={data['blocks']}",
+      f"task.model.retriever.encoder.vocab_size={vocab_size(vocab)}",
+      f"task.model.reader.encoder.vocab_size={vocab_size(vocab)}",
+      f"task.train_data.input_path={os.path.join(dirs['pretrain'], 'train-*')}",
+      f"task.train_data.blocks_dir={dirs['blocks']}",
       f"task.index_dir={index_dir}",
       f"task.refresh_index={str(refresh).lower()}",
       f"task.retriever_init_checkpoint={ict_dir}",
@@ -77,12 +84,12 @@ def realm_overrides(vocab, data, index_dir, steps, refresh, ict_dir):
   ])
 
 
-def pretrain(name, vocab, data, ict_dir, out, refresh):
+def pretrain(name, vocab, dirs, ict_dir, out, refresh):
   """REALM pre-training beside its refresher, as two processes."""
   model_dir = os.path.join(out, name)
   index_dir = os.path.join(out, f"{name}_index")
   refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
-                    f"--index_dir={index_dir}", f"--blocks_dir={data['blocks']}",
+                    f"--index_dir={index_dir}", f"--blocks_dir={dirs['blocks']}",
                     "--poll_seconds=1", "--model_dir_wait_seconds=600", "--keep=2",
                     "--index_type=brute_force"]
   if not refresh:
@@ -90,7 +97,7 @@ def pretrain(name, vocab, data, ict_dir, out, refresh):
   trainer_args = ["realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
                   f"--config_file={os.path.join(CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
                   f"--model_dir={model_dir}",
-                  "--params_override=" + realm_overrides(vocab, data, index_dir,
+                  "--params_override=" + realm_overrides(vocab, dirs, index_dir,
                                                          FLAGS.realm_steps, refresh, ict_dir)]
   _say(f"REALM pre-training '{name}' ({FLAGS.realm_steps} steps, index "
        f"{'refreshed every checkpoint' if refresh else 'built once, never refreshed'}); "
@@ -122,31 +129,30 @@ def main(argv):
   out = os.path.abspath(FLAGS.output_dir)
   tf.io.gfile.makedirs(out)
   _say(f"writing everything under {out}")
-  world, vocab, data = prepare_data(out)
-  blocks = schema.read_blocks(data["blocks"])
-  _say(f"world: {world['num_articles']} articles -> {len(blocks)} blocks, "
-       f"{data['num_pretrain_train']} masked training sentences, "
-       f"{data['num_pretrain_eval']} held out, {data['num_ict']} ICT pairs")
+  world, files, prepared = prepare_data(out)
+  dirs, vocab = prepared["dirs"], files["vocab"]
+  blocks = schema.read_blocks(dirs["blocks"])
+  _say(f"world: {len(world.articles)} articles -> {len(blocks)} blocks, "
+       f"{prepared['pretrain']['num_train']} masked training sentences, "
+       f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs")
 
   ict_dir = os.path.join(out, "ict")
   params = configs.load_experiment(
       "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__demo.yaml")],
-      ",".join([f"task.vocab_file={vocab}",
-                f"task.train_data.input_path={os.path.join(data['ict'], 'train-*')}",
+      ",".join([f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={vocab_size(vocab)}",
+                f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}",
                 f"trainer.train_steps={FLAGS.ict_steps}"]))
   _say(f"ICT warm start ({FLAGS.ict_steps} steps) -> {ict_dir}")
   ict_metrics = train_lib.run(ict.IctTask(params.task), params, ict_dir)
   _say(f"ICT done: {ict_metrics}")
 
-  runs = {"refreshed": pretrain("realm", vocab, data, ict_dir, out, refresh=True)}
+  runs = {"refreshed": pretrain("realm", vocab, dirs, ict_dir, out, refresh=True)}
   if FLAGS.stale_ablation:
-    runs["stale"] = pretrain("realm_stale", vocab, data, ict_dir, out, refresh=False)
+    runs["stale"] = pretrain("realm_stale", vocab, dirs, ict_dir, out, refresh=False)
 
-  eval_examples = schema.read_examples(data["pretrain"], schema.EVAL_SPLIT)
-  eval_examples = eval_examples[:FLAGS.eval_examples]
-  arrays = {k: _stack([e[k] for e in eval_examples]) for k in
-            ("query_ids", "query_mask", "mlm_positions", "mlm_ids", "mlm_weights",
-             "source_uid", "answer")}
+  eval_files = schema.example_files(dirs["pretrain"], schema.EVAL_SPLIT)
+  arrays = next(tf.data.TFRecordDataset(eval_files).take(FLAGS.eval_examples).batch(
+      FLAGS.eval_examples).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
   realm_dir = runs["refreshed"][0]
   rows = {"ICT start (step 0)": evaluation.evaluate(
       realm_dir, os.path.join(realm_dir, "ckpt-0"), blocks, arrays)}
@@ -169,13 +175,6 @@ def main(argv):
   _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics), f, indent=2, default=float)
-
-
-def _stack(values):
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  if isinstance(values[0], (str, bytes)):
-    return np.array(values, dtype=object)
-  return np.array(values)
 
 
 def run():

@@ -46,11 +46,12 @@ def evaluate(model_dir: str, checkpoint: str, blocks: List[Dict], examples: Dict
                                               tokenizer.sep_id)
   embed_b = tf.function(lambda x: model.block_embedder(x, training=False))
   embed_q = tf.function(lambda x: model.query_embedder(x, training=False))
+  n_blocks = builder.null_row  # rows of the packed arrays past this one: the null block
   block_emb = np.concatenate([
-      embed_b(dict(input_word_ids=builder.block_word_ids[i:i + 256],
-                   input_mask=builder.block_mask[i:i + 256],
-                   input_type_ids=builder.block_type_ids[i:i + 256])).numpy()
-      for i in range(0, builder.null_row, 256)])
+      embed_b(dict(input_word_ids=builder.block_word_ids[i:min(i + 256, n_blocks)],
+                   input_mask=builder.block_mask[i:min(i + 256, n_blocks)],
+                   input_type_ids=builder.block_type_ids[i:min(i + 256, n_blocks)])).numpy()
+      for i in range(0, n_blocks, 256)])
   bodies = [_normalize(b["body"]) for b in blocks]
 
   @tf.function

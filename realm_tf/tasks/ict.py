@@ -77,9 +77,11 @@ class IctTask(base_task.Task):
 
   def write_model_metadata(self, model_dir: str):
     cfg = self.task_config
-    model_dir_lib.write_metadata(
-        model_dir, configs.RealmModelConfig(retriever=cfg.model, vocab_file=cfg.vocab_file),
-        cfg.vocab_file)
+    # No reader in ICT; the recorded one mirrors the retriever's encoder.
+    model_config = configs.RealmModelConfig(
+        retriever=cfg.model, reader=configs.ReaderConfig(encoder=cfg.model.encoder),
+        vocab_file=cfg.vocab_file)
+    model_dir_lib.write_metadata(model_dir, model_config, cfg.vocab_file)
 
   def build_inputs(self, params: configs.RealmDataConfig, input_context=None):
     from data_prep import schema  # pylint: disable=g-import-not-at-top

@@ -134,7 +134,9 @@ class RealmPretrainTask(base_task.Task):
     sums["index_age"] = tf.reduce_sum(tf.cast(optimizer.iterations, tf.float32) -
                                       tf.cast(inputs["index_step"], tf.float32))
     grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    # The reader's pooler takes no part in the MLM loss: leave it out.
+    optimizer.apply_gradients((g, v) for g, v in zip(grads, model.trainable_variables)
+                              if g is not None)
     return sums
 
   def summarize(self, totals: Dict[str, float], num_steps: int) -> Dict[str, float]:

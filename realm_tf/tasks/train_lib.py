@@ -108,7 +108,8 @@ def run(task, params, model_dir: str, strategy=None,
                             if k in ("loss", "mlm_accuracy", "index_age", "recall@1")})
       logging.info("step %d: %s", step, {k: round(v, 4) for k, v in last.items()})
       totals, t0, n_examples, num_steps = {}, time.time(), 0, 0
-    if manager.save(check_interval=True) and on_checkpoint:
+    # Checkpoints are numbered by global step: the refresher names its indexes after them.
+    if manager.save(checkpoint_number=step, check_interval=True) and on_checkpoint:
       on_checkpoint(step)
   progress.close()
   if manager.latest_checkpoint is None or model_dir_lib.checkpoint_step(
