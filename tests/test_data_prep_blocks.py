@@ -127,7 +127,6 @@ def test_malformed_dump_is_a_clear_error(tmp_path):
     list(wiki.iter_dump_pages(str(path)))
 
 
-@pytest.mark.slow
 def test_blocks_pipeline_on_wikipedia_dump(tmp_path, pages, tokenizer):
   out = tmp_path / "blocks"
   m = blocks.run_blocks(DUMP, VOCAB, str(out), drop_list_pages=False)

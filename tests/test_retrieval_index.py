@@ -128,10 +128,6 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     index = index_lib.BruteForceIndex(emb)
     self.assertEqual(index_lib.measure_recall(index, emb, _random(3, 4), k=5), 1.0)
 
-  def test_default_recall_on_20k_random_vectors(self):
-    self._check_default_recall(20_000)
-
-  @pytest.mark.slow
   def test_default_recall_on_100k_random_vectors(self):
     """Acceptance: recall@10 >= 0.95 with the default settings, 100,000 x 128 Gaussian."""
     self._check_default_recall(100_000)

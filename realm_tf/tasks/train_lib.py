@@ -11,7 +11,7 @@ familiar.
 import logging
 import os
 import time
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import tensorflow as tf
 from official.modeling import optimization
@@ -37,8 +37,7 @@ def create_optimizer(trainer_config):
   return factory.build_optimizer(factory.build_learning_rate())
 
 
-def run(task, params, model_dir: str, strategy=None,
-        on_checkpoint: Optional[Callable[[int], None]] = None) -> Dict[str, float]:
+def run(task, params, model_dir: str, strategy=None) -> Dict[str, float]:
   """Trains ``task`` (a REALM or ICT task) to ``params.trainer.train_steps``.
 
   Resumes from the newest checkpoint in ``model_dir`` (same step, same optimizer state);
@@ -52,9 +51,7 @@ def run(task, params, model_dir: str, strategy=None,
     model = task.build_model()
     optimizer = create_optimizer(trainer)
     checkpoint = model_dir_lib.make_checkpoint(**model.checkpoint_items(), optimizer=optimizer)
-  manager = tf.train.CheckpointManager(
-      checkpoint, model_dir, max_to_keep=trainer.max_to_keep,
-      step_counter=optimizer.iterations, checkpoint_interval=trainer.checkpoint_interval)
+  manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=trainer.max_to_keep)
   task.write_model_metadata(model_dir)
   if manager.latest_checkpoint:
     checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
@@ -63,8 +60,6 @@ def run(task, params, model_dir: str, strategy=None,
   else:
     task.initialize(model)
     manager.save(checkpoint_number=0)
-  if on_checkpoint:
-    on_checkpoint(int(optimizer.iterations.numpy()))
 
   dataset = strategy.distribute_datasets_from_function(
       lambda ctx: task.build_inputs(params.task.train_data, ctx))
@@ -83,7 +78,7 @@ def run(task, params, model_dir: str, strategy=None,
             for k, v in per_replica.items()}
 
   writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
-  step = int(optimizer.iterations.numpy())
+  step = last_saved = int(optimizer.iterations.numpy())
   totals, last, t0, n_examples, num_steps = {}, {}, time.time(), 0, 0
   progress = tqdm(total=trainer.train_steps, initial=step, desc=task.name, unit="step",
                   disable=None)
@@ -109,12 +104,10 @@ def run(task, params, model_dir: str, strategy=None,
       logging.info("step %d: %s", step, {k: round(v, 4) for k, v in last.items()})
       totals, t0, n_examples, num_steps = {}, time.time(), 0, 0
     # Checkpoints are numbered by global step: the refresher names its indexes after them.
-    if manager.save(checkpoint_number=step, check_interval=True) and on_checkpoint:
-      on_checkpoint(step)
+    if step - last_saved >= trainer.checkpoint_interval or step >= trainer.train_steps:
+      manager.save(checkpoint_number=step)
+      last_saved = step
   progress.close()
-  if manager.latest_checkpoint is None or model_dir_lib.checkpoint_step(
-      manager.latest_checkpoint) != step:
-    manager.save(checkpoint_number=step)
   writer.flush()
   model_dir_lib.mark_training_done(model_dir, step)
   task.close()

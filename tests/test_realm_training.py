@@ -1,0 +1,190 @@
+"""End to end at tiny scale: data_prep -> ICT -> refresher process + REALM trainer.
+
+Checks that the trainer and the refresher work together (indexes swapped in, staleness
+logged), that a preempted run resumes at its step, that the stale-index ablation runs, and
+that a missing index, an index of another corpus and examples longer than the query length
+fail with clear errors.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from data_prep import pipeline
+from data_prep import synthetic_world
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.retrieval import errors
+from realm_tf.retrieval import publish
+from realm_tf.tasks import evaluation
+from realm_tf.tasks import ict
+from realm_tf.tasks import realm_pretrain
+from realm_tf.tasks import retrieval_inputs
+from realm_tf.tasks import train_lib
+from realm_tf.tokenization import load_vocab
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  root = tmp_path_factory.mktemp("realm")
+  world = synthetic_world.generate_world(seed=1, num_regions=2, num_cities=6, num_people=14,
+                                         num_organizations=4, num_works=6)
+  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=500)
+  out = pipeline.prepare_all(files["articles"], files["vocab"], str(root / "data"),
+                             patterns_file=files["patterns"], block_seq_length=64,
+                             query_seq_length=32, eval_fraction=0.3)
+  return dict(root=root, vocab=files["vocab"], **out["dirs"])
+
+
+def overrides(p, **extra):
+  size = len(load_vocab(p["vocab"]))
+  items = {
+      "task.model.vocab_file": p["vocab"],
+      "task.model.retriever.encoder.vocab_size": size,
+      "task.model.reader.encoder.vocab_size": size,
+      "task.model.retriever.encoder.hidden_size": 32,
+      "task.model.reader.encoder.hidden_size": 32,
+      "task.model.retriever.encoder.intermediate_size": 64,
+      "task.model.reader.encoder.intermediate_size": 64,
+      "task.model.retriever.projection_size": 16,
+      "task.train_data.input_path": os.path.join(p["pretrain"], "train-*"),
+      "task.train_data.blocks_dir": p["blocks"],
+      "task.train_data.global_batch_size": 4,
+      "task.index_wait_seconds": 120,
+      "trainer.checkpoint_interval": 3,
+      "trainer.summary_interval": 3,
+  }
+  items.update(extra)
+  return ",".join(f"{k}={v}" for k, v in items.items())
+
+
+def start_refresher(model_dir, index_dir, blocks_dir, *flags):
+  return subprocess.Popen(
+      [sys.executable, "-m", "realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+       f"--index_dir={index_dir}", f"--blocks_dir={blocks_dir}", "--poll_seconds=0.5",
+       "--model_dir_wait_seconds=120", "--index_type=brute_force", "--noprogress", *flags],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope="module")
+def ict_dir(prepared):
+  """A few ICT steps: the retriever every REALM run here starts from."""
+  p = prepared
+  size = len(load_vocab(p["vocab"]))
+  params = configs.load_experiment("ict_cpu", params_override=",".join([
+      f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
+      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
+      "task.model.projection_size=16",
+      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
+      "task.train_data.global_batch_size=8", "trainer.train_steps=4"]))
+  path = str(p["root"] / "ict")
+  metrics = train_lib.run(ict.IctTask(params.task), params, path)
+  assert set(metrics) >= {"loss", "recall@1", "recall@5"}
+  assert model_dir_lib.training_done(path)
+  return path
+
+
+def test_ict_then_realm_with_refresher(prepared, ict_dir):
+  p, root = prepared, prepared["root"]
+  size = len(load_vocab(p["vocab"]))
+
+  model_dir, index_dir = str(root / "realm"), str(root / "realm_index")
+  refresher = start_refresher(model_dir, index_dir, p["blocks"])
+  try:
+    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+        p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
+              "trainer.train_steps": 6}))
+    metrics = train_lib.run(realm_pretrain.RealmPretrainTask(params.task), params, model_dir)
+    output, _ = refresher.communicate(timeout=120)
+  finally:
+    refresher.kill()
+  assert refresher.returncode == 0, output[-2000:]
+  assert {"loss", "mlm_accuracy", "retrieval_utility", "retrieval_entropy", "index_age",
+          "examples_per_second"} <= set(metrics)
+  # Checkpoints are numbered by step and the refresher built one index per checkpoint,
+  # the last one for the final checkpoint.
+  assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(model_dir)) == 6
+  assert publish.latest_step(index_dir) == 6
+  assert model_dir_lib.training_done(model_dir)
+  # The retriever started from the ICT towers.
+  config = model_dir_lib.load_config(model_dir)
+  assert config.retriever.encoder.vocab_size == size
+
+  # Preempted: a second run with more steps resumes from step 6, not from scratch.
+  refresher = start_refresher(model_dir, index_dir, p["blocks"])
+  try:
+    os.remove(os.path.join(model_dir, model_dir_lib.TRAINING_DONE))
+    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+        p, **{"task.index_dir": index_dir, "trainer.train_steps": 9}))
+    task = realm_pretrain.RealmPretrainTask(params.task)
+    train_lib.run(task, params, model_dir)
+    refresher.communicate(timeout=120)
+  finally:
+    refresher.kill()
+  steps = sorted(model_dir_lib.checkpoint_step(c) for c in
+                 tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths)
+  assert steps[-1] == 9 and 3 not in steps[-2:]   # continued 6 -> 9
+
+  # Held-out evaluation runs on the result.
+  from data_prep import schema  # pylint: disable=g-import-not-at-top
+  blocks = schema.read_blocks(p["blocks"])
+  arrays = next(tf.data.TFRecordDataset(schema.example_files(p["pretrain"], "eval")).batch(
+      64).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
+  result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
+                               arrays)
+  assert 0.0 <= result["recall@5"] <= 1.0 and result["examples"] == len(arrays["query_ids"])
+
+  # The stale-index ablation: one index, never refreshed; its age grows with the step.
+  stale_dir, stale_index = str(root / "stale"), str(root / "stale_index")
+  refresher = start_refresher(stale_dir, stale_index, p["blocks"], "--max_builds=1")
+  try:
+    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+        p, **{"task.index_dir": stale_index, "task.refresh_index": "false",
+              "task.retriever_init_checkpoint": ict_dir, "trainer.train_steps": 6}))
+    metrics = train_lib.run(realm_pretrain.RealmPretrainTask(params.task), params, stale_dir)
+    refresher.communicate(timeout=60)
+  finally:
+    refresher.kill()
+  assert publish.published_steps(stale_index) == [0]
+  assert metrics["index_age"] > 3   # steps 4..6 all used the step-0 index
+
+
+def test_clear_errors(prepared, ict_dir):
+  p, root = prepared, prepared["root"]
+  # No index at all: a timeout that says what to run.
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.index_dir": str(root / "no_index"), "task.index_wait_seconds": 1}))
+  task = realm_pretrain.RealmPretrainTask(params.task)
+  with pytest.raises(errors.IndexNotReadyError, match="realm-refresh"):
+    task.candidate_builder()
+
+  # Examples written for another query length.
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.model.retriever.query_seq_length": 24}))
+  with pytest.raises(retrieval_inputs.InputError, match="query length 32 but the model"):
+    retrieval_inputs.read_examples(params.task.train_data.input_path, 24, 10)
+
+  # An index built for another corpus: refused by fingerprint.
+  other = synthetic_world.generate_world(seed=7, num_regions=1, num_cities=4, num_people=6,
+                                         num_organizations=2, num_works=2)
+  files = synthetic_world.write_world(other, str(root / "other_world"))
+  other_blocks = str(root / "other_blocks")
+  from data_prep import blocks as blocks_pipeline  # pylint: disable=g-import-not-at-top
+  blocks_pipeline.run_blocks(files["articles"], p["vocab"], other_blocks,
+                             block_seq_length=64)
+  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
+  other_index = str(root / "other_index")
+  refresher.build_index_for_checkpoint(None, ict_dir, other_blocks, other_index)
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.index_dir": other_index, "task.index_wait_seconds": 5}))
+  with pytest.raises(errors.FingerprintMismatchError, match="another corpus|corpus"):
+    realm_pretrain.RealmPretrainTask(params.task).candidate_builder()
+
+  # A vocabulary that does not fit the towers.
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.model.reader.encoder.vocab_size": 7}))
+  with pytest.raises(configs.ConfigError, match="vocab_size"):
+    realm_pretrain.RealmPretrainTask(params.task).write_model_metadata(str(root / "bad"))
