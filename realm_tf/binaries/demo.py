@@ -24,12 +24,14 @@ from realm_tf.binaries import cli
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "demo_out", "Where everything is written.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic world.")
-flags.DEFINE_integer("ict_steps", 400, "ICT warm-start steps.")
-flags.DEFINE_integer("realm_steps", 300, "REALM pre-training steps (each run).")
+flags.DEFINE_float("world_scale", 3.0, "Size of the synthetic world (1.0: 210 articles).")
+flags.DEFINE_integer("ict_steps", 800, "ICT warm-start steps.")
+flags.DEFINE_float("ict_learning_rate", 1e-3, "ICT peak learning rate.")
+flags.DEFINE_integer("realm_steps", 600, "REALM pre-training steps (each run).")
+flags.DEFINE_float("realm_learning_rate", 1e-3, "REALM peak learning rate.")
 flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
-flags.DEFINE_integer("eval_examples", 400, "Held-out masked sentences to evaluate on.")
+flags.DEFINE_integer("eval_examples", 1000, "Held-out masked sentences to evaluate on.")
 flags.DEFINE_bool("stale_ablation", True, "Also run the never-refreshed index ablation.")
-flags.DEFINE_string("world_config", "", "Extra flags for the world generator (k=v,...).")
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
 
@@ -55,11 +57,15 @@ def prepare_data(out: str):
   """World -> vocab -> blocks, sentences, masked examples, ICT examples."""
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  world = synthetic_world.generate_world(seed=FLAGS.seed)
+  scale = FLAGS.world_scale
+  world = synthetic_world.generate_world(
+      seed=FLAGS.seed, num_regions=round(6 * scale), num_cities=round(30 * scale),
+      num_people=round(100 * scale), num_organizations=round(24 * scale),
+      num_works=round(50 * scale))
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                                   patterns_file=files["patterns"], block_seq_length=64,
-                                  query_seq_length=32, eval_fraction=0.2,
+                                  query_seq_length=32, eval_fraction=0.1,
                                   examples_per_sentence=2)
   return world, files, prepared
 
@@ -67,6 +73,11 @@ def prepare_data(out: str):
 def vocab_size(vocab):
   from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
   return len(tokenization.load_vocab(vocab))
+
+
+def schedule(steps, learning_rate, prefix="trainer.optimizer_config.learning_rate.polynomial"):
+  return [f"trainer.train_steps={steps}", f"{prefix}.decay_steps={steps}",
+          f"{prefix}.initial_learning_rate={learning_rate}"]
 
 
 def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir):
@@ -79,9 +90,9 @@ def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir):
       f"task.index_dir={index_dir}",
       f"task.refresh_index={str(refresh).lower()}",
       f"task.retriever_init_checkpoint={ict_dir}",
-      f"trainer.train_steps={steps}",
       f"trainer.checkpoint_interval={FLAGS.refresh_every}",
-  ])
+      f"trainer.summary_interval={FLAGS.refresh_every}",
+  ] + schedule(steps, FLAGS.realm_learning_rate))
 
 
 def pretrain(name, vocab, dirs, ict_dir, out, refresh):
@@ -140,8 +151,8 @@ def main(argv):
   params = configs.load_experiment(
       "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__demo.yaml")],
       ",".join([f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={vocab_size(vocab)}",
-                f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}",
-                f"trainer.train_steps={FLAGS.ict_steps}"]))
+                f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"]
+               + schedule(FLAGS.ict_steps, FLAGS.ict_learning_rate)))
   _say(f"ICT warm start ({FLAGS.ict_steps} steps) -> {ict_dir}")
   ict_metrics = train_lib.run(ict.IctTask(params.task), params, ict_dir)
   _say(f"ICT done: {ict_metrics}")
@@ -154,8 +165,10 @@ def main(argv):
   arrays = next(tf.data.TFRecordDataset(eval_files).take(FLAGS.eval_examples).batch(
       FLAGS.eval_examples).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
   realm_dir = runs["refreshed"][0]
-  rows = {"ICT start (step 0)": evaluation.evaluate(
-      realm_dir, os.path.join(realm_dir, "ckpt-0"), blocks, arrays)}
+  # The starting point of REALM pre-training: the ICT towers and a freshly initialized reader.
+  rows = {"ICT warm start": evaluation.evaluate(
+      realm_dir, model_dir_lib.latest_checkpoint(ict_dir), blocks, arrays,
+      model_config=model_dir_lib.load_config(realm_dir))}
   for name, (model_dir, index_steps) in runs.items():
     result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
                                  arrays)

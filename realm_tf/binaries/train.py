@@ -46,13 +46,10 @@ def main(argv):
 
 
 def run():
-  extra = [retrieval_inputs.InputError, TimeoutError]
-  try:
-    from data_prep import schema  # pylint: disable=g-import-not-at-top
-    extra.append(schema.MissingOutputError)
-  except ImportError:
-    pass
-  cli.run_main(main, extra_errors=extra)
+  from data_prep import schema  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import errors  # pylint: disable=g-import-not-at-top
+  cli.run_main(main, extra_errors=[retrieval_inputs.InputError, errors.RetrievalError,
+                                   errors.IndexNotReadyError, schema.MissingOutputError])
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from realm_tf.modeling import encoders
 
 
 @tf_keras.utils.register_keras_serializable(package="realm_tf")
-class RealmEmbedder(tf_keras.Model):
+class RealmEmbedder(encoders.NetworkConfigMixin, tf_keras.Model):
   """Embeds queries (``[CLS] x [SEP]``) or blocks (``[CLS] title [SEP] body [SEP]``).
 
   Args:
@@ -45,13 +45,3 @@ class RealmEmbedder(tf_keras.Model):
     ones = tf.ones([1, seq_length], tf.int32)
     self(dict(input_word_ids=ones, input_mask=ones, input_type_ids=ones * 0))
     return self
-
-  def get_config(self):
-    return dict(network=tf_keras.layers.serialize(self.encoder), **self._config)
-
-  @classmethod
-  def from_config(cls, config, custom_objects=None):
-    config = dict(config)
-    config["network"] = encoders.ensure_built(tf_keras.layers.deserialize(
-        config["network"], custom_objects=custom_objects))
-    return cls(**config)

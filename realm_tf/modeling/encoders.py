@@ -40,3 +40,18 @@ def ensure_built(network):
   dummy = tf.ones([1, 2], tf.int32)
   network(dict(input_word_ids=dummy, input_mask=dummy, input_type_ids=dummy * 0))
   return network
+
+
+class NetworkConfigMixin:
+  """``get_config``/``from_config`` for models built around ``self.encoder`` (a BERT network)
+  plus the plain keyword arguments kept in ``self._config``."""
+
+  def get_config(self):
+    return dict(network=tf_keras.layers.serialize(self.encoder), **self._config)
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    config = dict(config)
+    config["network"] = ensure_built(tf_keras.layers.deserialize(
+        config["network"], custom_objects=custom_objects))
+    return cls(**config)

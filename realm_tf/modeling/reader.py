@@ -11,7 +11,7 @@ from realm_tf.modeling.span_scorer import SpanScorer
 
 
 @tf_keras.utils.register_keras_serializable(package="realm_tf")
-class KnowledgeAugmentedEncoder(tf_keras.Model):
+class KnowledgeAugmentedEncoder(encoders.NetworkConfigMixin, tf_keras.Model):
   """REALM's reader: BERT, its masked-LM head (tied to the word embeddings) and,
   optionally, ORQA's span scorer.
 
@@ -60,13 +60,3 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
       zeros = tf.zeros([1, 1], tf.int32)
       self.span_scorer(out["sequence_output"], zeros, zeros)
     return self
-
-  def get_config(self):
-    return dict(network=tf_keras.layers.serialize(self.encoder), **self._config)
-
-  @classmethod
-  def from_config(cls, config, custom_objects=None):
-    config = dict(config)
-    config["network"] = encoders.ensure_built(tf_keras.layers.deserialize(
-        config["network"], custom_objects=custom_objects))
-    return cls(**config)

@@ -47,12 +47,12 @@ def run(task, params, model_dir: str, strategy=None) -> Dict[str, float]:
   """
   strategy = strategy or tf.distribute.get_strategy()
   trainer = params.trainer
+  task.write_model_metadata(model_dir)  # first: it checks the vocabulary against the towers
   with strategy.scope():
     model = task.build_model()
     optimizer = create_optimizer(trainer)
     checkpoint = model_dir_lib.make_checkpoint(**model.checkpoint_items(), optimizer=optimizer)
   manager = tf.train.CheckpointManager(checkpoint, model_dir, max_to_keep=trainer.max_to_keep)
-  task.write_model_metadata(model_dir)
   if manager.latest_checkpoint:
     checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
     logging.info("resumed from %s at step %d", manager.latest_checkpoint,
