@@ -24,10 +24,10 @@ from realm_tf.binaries import cli
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "demo_out", "Where everything is written.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic world.")
-flags.DEFINE_float("world_scale", 3.0, "Size of the synthetic world (1.0: 210 articles).")
+flags.DEFINE_float("world_scale", 1.0, "Size of the synthetic world (1.0: 210 articles).")
 flags.DEFINE_integer("ict_steps", 800, "ICT warm-start steps.")
 flags.DEFINE_float("ict_learning_rate", 1e-3, "ICT peak learning rate.")
-flags.DEFINE_integer("realm_steps", 600, "REALM pre-training steps (each run).")
+flags.DEFINE_integer("realm_steps", 500, "REALM pre-training steps (each run).")
 flags.DEFINE_float("realm_learning_rate", 1e-3, "REALM peak learning rate.")
 flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
 flags.DEFINE_integer("eval_examples", 1000, "Held-out masked sentences to evaluate on.")
@@ -65,7 +65,7 @@ def prepare_data(out: str):
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                                   patterns_file=files["patterns"], block_seq_length=64,
-                                  query_seq_length=32, eval_fraction=0.1,
+                                  query_seq_length=32, eval_fraction=0.2,
                                   examples_per_sentence=2)
   return world, files, prepared
 
