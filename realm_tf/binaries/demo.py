@@ -122,8 +122,9 @@ def pretrain(name, vocab, dirs, ict_dir, out, refresh):
     for p in (trainer, refresher):
       if p.poll() is None:
         p.kill()
-  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
-  return model_dir, publish.published_steps(index_dir)
+  with open(os.path.join(out, f"{name}.refresh.log")) as f:
+    builds = sum(line.startswith("[realm-refresh] published") for line in f)
+  return model_dir, builds
 
 
 def main(argv):
@@ -169,10 +170,10 @@ def main(argv):
   rows = {"ICT warm start": evaluation.evaluate(
       realm_dir, model_dir_lib.latest_checkpoint(ict_dir), blocks, arrays,
       model_config=model_dir_lib.load_config(realm_dir))}
-  for name, (model_dir, index_steps) in runs.items():
+  for name, (model_dir, builds) in runs.items():
     result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
                                  arrays)
-    result["indexes_built"] = len(index_steps)
+    result["indexes_built"] = builds
     rows[f"REALM, {name} index"] = result
 
   print("\n" + "=" * 78)
