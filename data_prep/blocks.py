@@ -25,7 +25,6 @@ Output: see ``data_prep.schema`` (``blocks-*.tfrecord`` + ``manifest.json``).
 """
 
 import argparse
-import glob as pyglob
 import json
 import logging
 import os

@@ -33,7 +33,7 @@ Sentences directory (intermediate): ``sentences-*.jsonl``, one JSON object per s
 
 import json
 import os
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List
 
 import tensorflow as tf
 

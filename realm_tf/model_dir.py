@@ -11,7 +11,6 @@ A model directory holds:
 """
 
 import os
-import shutil
 from typing import Optional
 
 import tensorflow as tf

@@ -1,8 +1,6 @@
 """Configs round-trip through YAML; every network builds from its config and compiles with XLA."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import tensorflow as tf

@@ -6,7 +6,6 @@ import os
 import pathlib
 
 import pytest
-import tensorflow as tf
 
 from data_prep import blocks
 from data_prep import schema

@@ -13,7 +13,6 @@ from data_prep import pipeline
 from data_prep import salient_spans
 from data_prep import schema
 from data_prep import synthetic_world
-from data_prep import text as text_lib
 from realm_tf.tokenization import RealmTokenizer
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"

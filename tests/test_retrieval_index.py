@@ -7,7 +7,6 @@ import time
 
 from absl.testing import parameterized
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from realm_tf.retrieval import errors

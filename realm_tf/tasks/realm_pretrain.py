@@ -46,21 +46,17 @@ def replica_loss(model, features, training: bool):
 class RealmPretrainTask(base_task.Task):
   """Retrieve (host) -> rescore + read + marginalize (device)."""
 
+  def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
+    super().__init__(params, logging_dir=logging_dir, name=name)
+    self._builder = None
+
   @property
   def jit_compile(self) -> bool:
     return self.task_config.jit_compile
 
-  def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
-    super().__init__(params, logging_dir=logging_dir, name=name)
-    self._handle = None
-    self._builder = None
-    self.global_step = None
-
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
-    model = RealmPretrainer.from_config_dataclass(self.task_config.model)
-    self.global_step = None
-    return model
+    return RealmPretrainer.from_config_dataclass(self.task_config.model)
 
   def initialize(self, model: RealmPretrainer):
     """Restores the towers from the ICT (or converted) checkpoint and the reader, if given."""
@@ -103,7 +99,6 @@ class RealmPretrainTask(base_task.Task):
                   if input_context else params.global_batch_size)
     if self._builder is None:
       self._builder = self.candidate_builder()
-      self._handle = self._builder.handle
     builder = self._builder
     examples = retrieval_inputs.read_examples(params.input_path,
                                               cfg.model.retriever.query_seq_length,
@@ -149,8 +144,8 @@ class RealmPretrainTask(base_task.Task):
                 index_age=totals["index_age"] / n)
 
   def close(self):
-    if self._handle is not None:
-      self._handle.close()
+    if self._builder is not None:
+      self._builder.handle.close()
 
 
 def _checkpoint_path(path: str) -> str:
