@@ -22,6 +22,7 @@ import tensorflow as tf
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
+from realm_tf.retrieval import blocks as blocks_lib
 
 
 class InputError(ValueError):
@@ -31,24 +32,18 @@ class InputError(ValueError):
 def pack_blocks(blocks: List[Dict], seq_length: int, cls_id: int, sep_id: int):
   """Blocks (``token_ids`` = ``[CLS] title [SEP] body [SEP]``) -> fixed-length arrays.
 
-  Row ``len(blocks)`` is the null block ``[CLS] [SEP] [SEP]``. Returns ``word_ids``, ``mask``,
-  ``type_ids`` (int32 ``[n + 1, seq_length]``) and ``bodies``: per row, the body tokens with
-  their closing ``[SEP]`` (for the reader).
+  Row ``len(blocks)`` is the null block ``[CLS] [SEP] [SEP]``. The packing is the refresher's
+  (``retrieval.blocks.pack_block_ids``), so the trainer rescores exactly what the index
+  embedded. Returns ``word_ids``, ``mask``, ``type_ids`` (int32 ``[n + 1, seq_length]``) and
+  ``bodies``: per row, the body tokens with their closing ``[SEP]`` (for the reader).
   """
-  n = len(blocks)
-  word_ids = np.zeros([n + 1, seq_length], np.int32)
-  type_ids = np.zeros([n + 1, seq_length], np.int32)
-  bodies = []
-  for row, block in enumerate(blocks + [None]):
-    tokens = (np.asarray(block["token_ids"], np.int32) if block is not None
-              else np.array([cls_id, sep_id, sep_id], np.int32))
-    first_sep = int(np.argmax(tokens == sep_id))
-    bodies.append(tokens[first_sep + 1:])
-    if len(tokens) > seq_length:  # trim the body, keep the closing [SEP]
-      tokens = np.concatenate([tokens[:seq_length - 1], [sep_id]])
-    word_ids[row, :len(tokens)] = tokens
-    type_ids[row, first_sep + 1:len(tokens)] = 1
-  return word_ids, (word_ids > 0).astype(np.int32), type_ids, bodies
+  rows = [np.asarray(b["token_ids"], np.int32) for b in blocks]
+  rows.append(np.array([cls_id, sep_id, sep_id], np.int32))
+  packed = blocks_lib.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
+                                     sep_id)
+  bodies = [tokens[int(np.argmax(tokens == sep_id)) + 1:] for tokens in rows]
+  return (packed["input_word_ids"].numpy(), packed["input_mask"].numpy(),
+          packed["input_type_ids"].numpy(), bodies)
 
 
 class CandidateBuilder:
