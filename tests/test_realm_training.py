@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -21,6 +22,7 @@ from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
 from realm_tf.tasks import evaluation
 from realm_tf.tasks import ict
+from realm_tf.tasks import reader_mlm
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tasks import retrieval_inputs
 from realm_tf.tasks import train_lib
@@ -87,7 +89,29 @@ def ict_dir(prepared):
   return path
 
 
-def test_ict_then_realm_with_refresher(prepared, ict_dir):
+@pytest.fixture(scope="module")
+def reader_dir(prepared):
+  """A few steps of the reader's masked-LM warm start."""
+  p = prepared
+  size = len(load_vocab(p["vocab"]))
+  params = configs.load_experiment("reader_mlm_cpu", params_override=",".join([
+      f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
+      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
+      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
+      "task.train_data.global_batch_size=8", "trainer.train_steps=3"]))
+  path = str(p["root"] / "reader_mlm")
+  metrics = train_lib.run(reader_mlm.ReaderMlmTask(params.task), params, path)
+  assert set(metrics) >= {"loss", "mlm_accuracy"} and metrics["loss"] > 0
+  return path
+
+
+def _variables(checkpoint, prefix):
+  reader = tf.train.load_checkpoint(checkpoint)
+  return {k: reader.get_tensor(k) for k, _ in tf.train.list_variables(checkpoint)
+          if k.startswith(prefix) and k.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in k}
+
+
+def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
   p, root = prepared, prepared["root"]
   size = len(load_vocab(p["vocab"]))
 
@@ -96,7 +120,7 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir):
   try:
     params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
         p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
-              "trainer.train_steps": 6}))
+              "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6}))
     metrics = train_lib.run(realm_pretrain.RealmPretrainTask(params.task), params, model_dir)
     output, _ = refresher.communicate(timeout=120)
   finally:
@@ -109,9 +133,17 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir):
   assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(model_dir)) == 6
   assert publish.latest_step(index_dir) == 6
   assert model_dir_lib.training_done(model_dir)
-  # The retriever started from the ICT towers.
+  # The retriever started from the ICT towers, the reader from its warm start.
   config = model_dir_lib.load_config(model_dir)
   assert config.retriever.encoder.vocab_size == size
+  start = os.path.join(model_dir, "ckpt-0")
+  # (Shared towers are saved once, under block_embedder.)
+  for prefix, source in (("block_embedder/", ict_dir), ("reader/", reader_dir)):
+    want = _variables(model_dir_lib.latest_checkpoint(source), prefix)
+    got = _variables(start, prefix)
+    assert len(want) > 10 and set(want) <= set(got)
+    for k, v in want.items():
+      np.testing.assert_array_equal(got[k], v, err_msg=k)
 
   # Preempted: a second run with more steps resumes from step 6, not from scratch.
   refresher = start_refresher(model_dir, index_dir, p["blocks"])

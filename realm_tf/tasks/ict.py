@@ -38,6 +38,22 @@ class RetrieverModel(tf.Module):
     return dict(query_embedder=self.query_embedder, block_embedder=self.block_embedder)
 
 
+def example_records(params: configs.RealmDataConfig, input_context=None):
+  """Serialized ICT examples (sharded per input pipeline; shuffled and repeated when training)
+  and the per-replica batch size."""
+  files = tf.io.gfile.glob(params.input_path)
+  if not files:
+    raise FileNotFoundError(f"no ICT examples match {params.input_path}")
+  batch_size = (input_context.get_per_replica_batch_size(params.global_batch_size)
+                if input_context else params.global_batch_size)
+  ds = tf.data.TFRecordDataset(files)
+  if input_context and input_context.num_input_pipelines > 1:
+    ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  if params.is_training:
+    ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed).repeat()
+  return ds, batch_size
+
+
 def ict_logits(model: RetrieverModel, features, training: bool):
   """In-batch scores ``[local_batch, global_batch]`` and the positives' columns."""
   q = model.query_embedder(dict(input_word_ids=features["query_ids"],
@@ -86,16 +102,7 @@ class IctTask(base_task.Task):
   def build_inputs(self, params: configs.RealmDataConfig, input_context=None):
     from data_prep import schema  # pylint: disable=g-import-not-at-top
     cfg = self.task_config.model
-    files = tf.io.gfile.glob(params.input_path)
-    if not files:
-      raise FileNotFoundError(f"no ICT examples match {params.input_path}")
-    batch_size = (input_context.get_per_replica_batch_size(params.global_batch_size)
-                  if input_context else params.global_batch_size)
-    ds = tf.data.TFRecordDataset(files)
-    if input_context and input_context.num_input_pipelines > 1:
-      ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if params.is_training:
-      ds = ds.shuffle(params.shuffle_buffer_size, seed=params.seed).repeat()
+    ds, batch_size = example_records(params, input_context)
     ds = ds.map(lambda r: schema.parse_ict_example(r, cfg.query_seq_length,
                                                    cfg.block_seq_length))
     return ds.batch(batch_size, drop_remainder=True).prefetch(2)
