@@ -2,7 +2,8 @@ r"""realm-demo: the whole REALM pipeline at toy size on the embedded synthetic w
 
 1. generate the synthetic knowledge world and learn a WordPiece vocabulary from it;
 2. data_prep: blocks, salient-span annotation, masked examples, ICT examples;
-3. ICT warm start of the retriever;
+3. warm starts: masked-LM training of the reader (the toy stand-in for its BERT
+   initialization) and ICT training of the retriever;
 4. REALM pre-training with ``realm-train`` and ``realm-refresh`` running side by side as two
    processes (the refresher re-embeds the corpus from each new checkpoint);
 5. the stale-index ablation: the same run with the index built once and never refreshed;
@@ -25,8 +26,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "demo_out", "Where everything is written.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic world.")
 flags.DEFINE_float("world_scale", 1.0, "Size of the synthetic world (1.0: 210 articles).")
-flags.DEFINE_integer("ict_steps", 800, "ICT warm-start steps.")
-flags.DEFINE_float("ict_learning_rate", 1e-3, "ICT peak learning rate.")
+flags.DEFINE_integer("reader_mlm_steps", 600, "Masked-LM warm-start steps of the reader.")
+flags.DEFINE_integer("ict_steps", 400, "ICT warm-start steps.")
+flags.DEFINE_float("ict_learning_rate", 5e-4, "ICT peak learning rate.")
 flags.DEFINE_integer("realm_steps", 500, "REALM pre-training steps (each run).")
 flags.DEFINE_float("realm_learning_rate", 1e-3, "REALM peak learning rate.")
 flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
@@ -80,7 +82,7 @@ def schedule(steps, learning_rate, prefix="trainer.optimizer_config.learning_rat
           f"{prefix}.initial_learning_rate={learning_rate}"]
 
 
-def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir):
+def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir, reader_dir):
   return ",".join([
       f"task.model.vocab_file={vocab}",
       f"task.model.retriever.encoder.vocab_size={vocab_size(vocab)}",
@@ -90,12 +92,13 @@ def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir):
       f"task.index_dir={index_dir}",
       f"task.refresh_index={str(refresh).lower()}",
       f"task.retriever_init_checkpoint={ict_dir}",
+      f"task.reader_init_checkpoint={reader_dir}",
       f"trainer.checkpoint_interval={FLAGS.refresh_every}",
       f"trainer.summary_interval={FLAGS.refresh_every}",
   ] + schedule(steps, FLAGS.realm_learning_rate))
 
 
-def pretrain(name, vocab, dirs, ict_dir, out, refresh):
+def pretrain(name, vocab, dirs, ict_dir, reader_dir, out, refresh):
   """REALM pre-training beside its refresher, as two processes."""
   model_dir = os.path.join(out, name)
   index_dir = os.path.join(out, f"{name}_index")
@@ -109,7 +112,8 @@ def pretrain(name, vocab, dirs, ict_dir, out, refresh):
                   f"--config_file={os.path.join(CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
                   f"--model_dir={model_dir}",
                   "--params_override=" + realm_overrides(vocab, dirs, index_dir,
-                                                         FLAGS.realm_steps, refresh, ict_dir)]
+                                                         FLAGS.realm_steps, refresh, ict_dir,
+                                                         reader_dir)]
   _say(f"REALM pre-training '{name}' ({FLAGS.realm_steps} steps, index "
        f"{'refreshed every checkpoint' if refresh else 'built once, never refreshed'}); "
        f"logs in {out}/{name}.*.log")
@@ -135,6 +139,7 @@ def main(argv):
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import ict  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks import reader_mlm  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import train_lib  # pylint: disable=g-import-not-at-top
 
   start = time.time()
@@ -148,6 +153,16 @@ def main(argv):
        f"{prepared['pretrain']['num_train']} masked training sentences, "
        f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs")
 
+  reader_dir = os.path.join(out, "reader_mlm")
+  params = configs.load_experiment(
+      "reader_mlm_cpu", [os.path.join(CONFIG_DIR, "reader_mlm_cpu__demo.yaml")],
+      ",".join([f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={vocab_size(vocab)}",
+                f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"]
+               + schedule(FLAGS.reader_mlm_steps, 1e-3)))
+  _say(f"reader masked-LM warm start ({FLAGS.reader_mlm_steps} steps) -> {reader_dir}")
+  reader_metrics = train_lib.run(reader_mlm.ReaderMlmTask(params.task), params, reader_dir)
+  _say(f"reader warm start done: {reader_metrics}")
+
   ict_dir = os.path.join(out, "ict")
   params = configs.load_experiment(
       "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__demo.yaml")],
@@ -158,18 +173,20 @@ def main(argv):
   ict_metrics = train_lib.run(ict.IctTask(params.task), params, ict_dir)
   _say(f"ICT done: {ict_metrics}")
 
-  runs = {"refreshed": pretrain("realm", vocab, dirs, ict_dir, out, refresh=True)}
+  runs = {"refreshed": pretrain("realm", vocab, dirs, ict_dir, reader_dir, out, refresh=True)}
   if FLAGS.stale_ablation:
-    runs["stale"] = pretrain("realm_stale", vocab, dirs, ict_dir, out, refresh=False)
+    runs["stale"] = pretrain("realm_stale", vocab, dirs, ict_dir, reader_dir, out,
+                             refresh=False)
 
   eval_files = schema.example_files(dirs["pretrain"], schema.EVAL_SPLIT)
   arrays = next(tf.data.TFRecordDataset(eval_files).take(FLAGS.eval_examples).batch(
       FLAGS.eval_examples).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
   realm_dir = runs["refreshed"][0]
-  # The starting point of REALM pre-training: the ICT towers and a freshly initialized reader.
-  rows = {"ICT warm start": evaluation.evaluate(
+  # The starting point of REALM pre-training: the ICT towers and the warm-started reader.
+  rows = {"start (ICT, MLM reader)": evaluation.evaluate(
       realm_dir, model_dir_lib.latest_checkpoint(ict_dir), blocks, arrays,
-      model_config=model_dir_lib.load_config(realm_dir))}
+      model_config=model_dir_lib.load_config(realm_dir),
+      reader_checkpoint=model_dir_lib.latest_checkpoint(reader_dir))}
   for name, (model_dir, builds) in runs.items():
     result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
                                  arrays)
@@ -188,7 +205,7 @@ def main(argv):
   elapsed = time.time() - start
   _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics), f, indent=2, default=float)
+    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics, reader_mlm=reader_metrics), f, indent=2, default=float)
 
 
 def run():

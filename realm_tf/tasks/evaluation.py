@@ -29,10 +29,13 @@ def _normalize(text: str) -> str:
 
 def evaluate(model_dir: str, checkpoint: str, blocks: List[Dict], examples: Dict[str, np.ndarray],
              recall_k: int = 5, batch_size: int = 32,
-             model_config: Optional[configs.RealmModelConfig] = None) -> Dict[str, float]:
+             model_config: Optional[configs.RealmModelConfig] = None,
+             reader_checkpoint: Optional[str] = None) -> Dict[str, float]:
   """Evaluates ``checkpoint`` (of the model in ``model_dir``) on parsed eval examples.
 
   Args:
+    reader_checkpoint: take the reader from here instead (e.g. to evaluate REALM's starting
+      point: ICT towers and the warm-started reader).
     examples: numpy arrays as ``data_prep.schema.parse_pretrain_example`` gives them, with the
       host features ``source_uid`` and ``answer``.
   """
@@ -41,11 +44,11 @@ def evaluate(model_dir: str, checkpoint: str, blocks: List[Dict], examples: Dict
   model = RealmPretrainer.from_config_dataclass(config)
   model_dir_lib.restore(checkpoint, query_embedder=model.query_embedder,
                         block_embedder=model.block_embedder)
-  model_dir_lib.restore(checkpoint, allow_missing=True, reader=model.reader)
+  model_dir_lib.restore(reader_checkpoint or checkpoint, allow_missing=True, reader=model.reader)
   builder = retrieval_inputs.CandidateBuilder(blocks, config, None, tokenizer.cls_id,
                                               tokenizer.sep_id)
-  embed_b = tf.function(lambda x: model.block_embedder(x, training=False))
-  embed_q = tf.function(lambda x: model.query_embedder(x, training=False))
+  embed_b = tf.function(lambda x: model.block_embedder(x, training=False), reduce_retracing=True)
+  embed_q = tf.function(lambda x: model.query_embedder(x, training=False), reduce_retracing=True)
   n_blocks = builder.null_row  # rows of the packed arrays past this one: the null block
   block_emb = np.concatenate([
       embed_b(dict(input_word_ids=builder.block_word_ids[i:min(i + 256, n_blocks)],
