@@ -205,7 +205,8 @@ def main(argv):
   elapsed = time.time() - start
   _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics, reader_mlm=reader_metrics), f, indent=2, default=float)
+    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics, reader_mlm=reader_metrics), f,
+              indent=2, default=float)
 
 
 def run():

@@ -23,6 +23,8 @@ from realm_tf.tasks import ict
 
 
 class ReaderModel(tf.Module):
+  """The reader alone, under the model-directory contract's name ``reader``."""
+
   def __init__(self, reader):
     super().__init__()
     self.reader = reader
