@@ -74,6 +74,11 @@ def latest_checkpoint(model_dir: str) -> str:
   return path
 
 
+def resolve_checkpoint(path: str) -> str:
+  """A model directory (its newest checkpoint) or a checkpoint prefix -> a checkpoint prefix."""
+  return latest_checkpoint(path) if tf.io.gfile.isdir(path) else path
+
+
 def checkpoint_step(path: str) -> int:
   """``.../ckpt-1200`` -> 1200."""
   return int(path.rsplit("-", 1)[-1])

@@ -86,10 +86,8 @@ class IctTask(base_task.Task):
 
   def initialize(self, model: RetrieverModel):
     if self.task_config.init_checkpoint:
-      path = self.task_config.init_checkpoint
-      if tf.io.gfile.isdir(path):
-        path = model_dir_lib.latest_checkpoint(path)
-      model_dir_lib.restore(path, allow_missing=True, **model.checkpoint_items())
+      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
+                            allow_missing=True, **model.checkpoint_items())
 
   def write_model_metadata(self, model_dir: str):
     cfg = self.task_config

@@ -96,11 +96,9 @@ class ReaderMlmTask(base_task.Task):
     return ReaderModel(modeling.build_reader(self.task_config.model))
 
   def initialize(self, model: ReaderModel):
-    path = self.task_config.init_checkpoint
-    if path:
-      if tf.io.gfile.isdir(path):
-        path = model_dir_lib.latest_checkpoint(path)
-      model_dir_lib.restore(path, allow_missing=True, reader=model.reader)
+    if self.task_config.init_checkpoint:
+      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
+                            allow_missing=True, reader=model.reader)
 
   def write_model_metadata(self, model_dir: str):
     cfg = self.task_config

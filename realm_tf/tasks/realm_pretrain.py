@@ -62,12 +62,12 @@ class RealmPretrainTask(base_task.Task):
     """Restores the towers from the ICT (or converted) checkpoint and the reader, if given."""
     cfg = self.task_config
     if cfg.retriever_init_checkpoint:
-      path = _checkpoint_path(cfg.retriever_init_checkpoint)
+      path = model_dir_lib.resolve_checkpoint(cfg.retriever_init_checkpoint)
       model_dir_lib.restore(path, query_embedder=model.query_embedder,
                             block_embedder=model.block_embedder)
       logging.info("retriever initialized from %s", path)
     if cfg.reader_init_checkpoint:
-      path = _checkpoint_path(cfg.reader_init_checkpoint)
+      path = model_dir_lib.resolve_checkpoint(cfg.reader_init_checkpoint)
       model_dir_lib.restore(path, allow_missing=True, reader=model.reader)
       logging.info("reader initialized from %s", path)
 
@@ -146,10 +146,3 @@ class RealmPretrainTask(base_task.Task):
   def close(self):
     if self._builder is not None:
       self._builder.handle.close()
-
-
-def _checkpoint_path(path: str) -> str:
-  """A model directory or a checkpoint prefix -> a checkpoint prefix."""
-  if tf.io.gfile.isdir(path):
-    return model_dir_lib.latest_checkpoint(path)
-  return path
