@@ -71,19 +71,23 @@ def start_refresher(model_dir, index_dir, blocks_dir, *flags):
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _warm_start(p, experiment, task_cls, name, steps, *extra):
+  """``steps`` of a warm-start experiment on the ICT pairs, with 32-wide towers."""
+  size = len(load_vocab(p["vocab"]))
+  params = configs.load_experiment(experiment, params_override=",".join([
+      f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
+      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
+      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
+      "task.train_data.global_batch_size=8", f"trainer.train_steps={steps}", *extra]))
+  path = str(p["root"] / name)
+  return path, train_lib.run(task_cls(params.task), params, path)
+
+
 @pytest.fixture(scope="module")
 def ict_dir(prepared):
   """A few ICT steps: the retriever every REALM run here starts from."""
-  p = prepared
-  size = len(load_vocab(p["vocab"]))
-  params = configs.load_experiment("ict_cpu", params_override=",".join([
-      f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
-      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
-      "task.model.projection_size=16",
-      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
-      "task.train_data.global_batch_size=8", "trainer.train_steps=4"]))
-  path = str(p["root"] / "ict")
-  metrics = train_lib.run(ict.IctTask(params.task), params, path)
+  path, metrics = _warm_start(prepared, "ict_cpu", ict.IctTask, "ict", 4,
+                              "task.model.projection_size=16")
   assert set(metrics) >= {"loss", "recall@1", "recall@5"}
   assert model_dir_lib.training_done(path)
   return path
@@ -92,15 +96,8 @@ def ict_dir(prepared):
 @pytest.fixture(scope="module")
 def reader_dir(prepared):
   """A few steps of the reader's masked-LM warm start."""
-  p = prepared
-  size = len(load_vocab(p["vocab"]))
-  params = configs.load_experiment("reader_mlm_cpu", params_override=",".join([
-      f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
-      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
-      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
-      "task.train_data.global_batch_size=8", "trainer.train_steps=3"]))
-  path = str(p["root"] / "reader_mlm")
-  metrics = train_lib.run(reader_mlm.ReaderMlmTask(params.task), params, path)
+  path, metrics = _warm_start(prepared, "reader_mlm_cpu", reader_mlm.ReaderMlmTask,
+                              "reader_mlm", 3)
   assert set(metrics) >= {"loss", "mlm_accuracy"} and metrics["loss"] > 0
   return path
 

@@ -153,25 +153,24 @@ def main(argv):
        f"{prepared['pretrain']['num_train']} masked training sentences, "
        f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs")
 
-  reader_dir = os.path.join(out, "reader_mlm")
-  params = configs.load_experiment(
-      "reader_mlm_cpu", [os.path.join(CONFIG_DIR, "reader_mlm_cpu__demo.yaml")],
-      ",".join([f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={vocab_size(vocab)}",
-                f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"]
-               + schedule(FLAGS.reader_mlm_steps, 1e-3)))
-  _say(f"reader masked-LM warm start ({FLAGS.reader_mlm_steps} steps) -> {reader_dir}")
-  reader_metrics = train_lib.run(reader_mlm.ReaderMlmTask(params.task), params, reader_dir)
-  _say(f"reader warm start done: {reader_metrics}")
+  def warm_start(name, experiment, task_cls, steps, learning_rate):
+    """Trains a warm-start stage on the ICT pairs into ``out/name``; returns (dir, metrics)."""
+    model_dir = os.path.join(out, name)
+    params = configs.load_experiment(
+        experiment, [os.path.join(CONFIG_DIR, f"{experiment}__demo.yaml")],
+        ",".join([f"task.vocab_file={vocab}",
+                  f"task.model.encoder.vocab_size={vocab_size(vocab)}",
+                  f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"]
+                 + schedule(steps, learning_rate)))
+    _say(f"{name} warm start ({steps} steps) -> {model_dir}")
+    metrics = train_lib.run(task_cls(params.task), params, model_dir)
+    _say(f"{name} done: {metrics}")
+    return model_dir, metrics
 
-  ict_dir = os.path.join(out, "ict")
-  params = configs.load_experiment(
-      "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__demo.yaml")],
-      ",".join([f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={vocab_size(vocab)}",
-                f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"]
-               + schedule(FLAGS.ict_steps, FLAGS.ict_learning_rate)))
-  _say(f"ICT warm start ({FLAGS.ict_steps} steps) -> {ict_dir}")
-  ict_metrics = train_lib.run(ict.IctTask(params.task), params, ict_dir)
-  _say(f"ICT done: {ict_metrics}")
+  reader_dir, reader_metrics = warm_start("reader_mlm", "reader_mlm_cpu",
+                                          reader_mlm.ReaderMlmTask, FLAGS.reader_mlm_steps, 1e-3)
+  ict_dir, ict_metrics = warm_start("ict", "ict_cpu", ict.IctTask, FLAGS.ict_steps,
+                                    FLAGS.ict_learning_rate)
 
   runs = {"refreshed": pretrain("realm", vocab, dirs, ict_dir, reader_dir, out, refresh=True)}
   if FLAGS.stale_ablation:
