@@ -32,14 +32,18 @@ import tf_keras
 from realm_tf import configs
 from realm_tf import modeling
 
-flags.DEFINE_integer("steps", 800, "Training steps per task.")
-flags.DEFINE_integer("batch_size", 64, "Sequences per step.")
-flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate.")
-flags.DEFINE_integer("vocab_size", 389, "Vocabulary of the toy tasks (389: the demo's); a "
-                     "typed task with N answers uses at least N + 200.")
-flags.DEFINE_list("answer_kinds", ["55", "1500"], "Sizes of the answer range, typed tasks.")
-flags.DEFINE_integer("seed", 0, "Seed of the data and of TF.")
 FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """Only when run as a program: the tests import this module beside other absl flags."""
+  flags.DEFINE_integer("steps", 800, "Training steps per task.")
+  flags.DEFINE_integer("batch_size", 64, "Sequences per step.")
+  flags.DEFINE_float("learning_rate", 1e-3, "Adam learning rate.")
+  flags.DEFINE_integer("vocab_size", 389, "Vocabulary of the toy tasks (389: the demo's); a "
+                       "typed task with N answers uses at least N + 200.")
+  flags.DEFINE_list("answer_kinds", ["55", "1500"], "Sizes of the answer range, typed tasks.")
+  flags.DEFINE_integer("seed", 0, "Seed of the data and of TF.")
 
 CLS, SEP, MASK, FIRST = 2, 3, 4, 5   # ids below FIRST are special
 QUERY, CONTEXT = 12, 40
@@ -132,4 +136,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
