@@ -196,6 +196,13 @@ def test_clear_errors(prepared, ict_dir):
   with pytest.raises(retrieval_inputs.InputError, match="query length 32 but the model"):
     retrieval_inputs.read_examples(params.task.train_data.input_path, 24, 10)
 
+  # ICT pairs (ICT and the reader warm start read them) written for another block length.
+  params = configs.load_experiment("ict_cpu", params_override=",".join([
+      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
+      "task.model.block_seq_length=48"]))
+  with pytest.raises(ValueError, match="block_seq_length=64 but the config asks for 48"):
+    ict.IctTask(params.task).build_inputs(params.task.train_data)
+
   # An index built for another corpus: refused by fingerprint.
   other = synthetic_world.generate_world(seed=7, num_regions=1, num_cities=4, num_people=6,
                                          num_organizations=2, num_works=2)

@@ -6,6 +6,8 @@ A sentence is the pseudo-query and its block (with the sentence removed 90% of t
 the blocks of the whole global batch (gathered across replicas), as ORQA's TPU code did.
 """
 
+import json
+import os
 from typing import Dict
 
 import tensorflow as tf
@@ -38,12 +40,27 @@ class RetrieverModel(tf.Module):
     return dict(query_embedder=self.query_embedder, block_embedder=self.block_embedder)
 
 
-def example_records(params: configs.RealmDataConfig, input_context=None):
+def example_records(params: configs.RealmDataConfig, input_context=None,
+                    query_seq_length: int = 0, block_seq_length: int = 0):
   """Serialized ICT examples (sharded per input pipeline; shuffled and repeated when training)
-  and the per-replica batch size."""
+  and the per-replica batch size.
+
+  The lengths, when given, are checked against the examples' ``manifest.json`` (if present), so
+  a mismatch is a clear error instead of a parse failure inside tf.data.
+  """
   files = tf.io.gfile.glob(params.input_path)
   if not files:
     raise FileNotFoundError(f"no ICT examples match {params.input_path}")
+  manifest = os.path.join(os.path.dirname(files[0]), "manifest.json")
+  if tf.io.gfile.exists(manifest):
+    with tf.io.gfile.GFile(manifest) as f:
+      written = json.load(f)
+    for key, wanted in (("query_seq_length", query_seq_length),
+                        ("block_seq_length", block_seq_length)):
+      if wanted and key in written and written[key] != wanted:
+        raise ValueError(f"the ICT examples in {os.path.dirname(files[0])} have {key}="
+                         f"{written[key]} but the config asks for {wanted}; rebuild them with "
+                         f"data_prep or set the config's {key} to {written[key]}")
   batch_size = (input_context.get_per_replica_batch_size(params.global_batch_size)
                 if input_context else params.global_batch_size)
   ds = tf.data.TFRecordDataset(files)
@@ -100,7 +117,8 @@ class IctTask(base_task.Task):
   def build_inputs(self, params: configs.RealmDataConfig, input_context=None):
     from data_prep import schema  # pylint: disable=g-import-not-at-top
     cfg = self.task_config.model
-    ds, batch_size = example_records(params, input_context)
+    ds, batch_size = example_records(params, input_context, cfg.query_seq_length,
+                                     cfg.block_seq_length)
     ds = ds.map(lambda r: schema.parse_ict_example(r, cfg.query_seq_length,
                                                    cfg.block_seq_length))
     return ds.batch(batch_size, drop_remainder=True).prefetch(2)

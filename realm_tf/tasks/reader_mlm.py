@@ -113,7 +113,8 @@ class ReaderMlmTask(base_task.Task):
     cfg = self.task_config
     tokenizer = RealmTokenizer(cfg.vocab_file)
     sep_id, mask_id = tokenizer.sep_id, tokenizer.mask_id
-    ds, batch_size = ict.example_records(params, input_context)
+    ds, batch_size = ict.example_records(params, input_context, cfg.query_seq_length,
+                                         cfg.block_seq_length)
     ds = ds.batch(batch_size, drop_remainder=True)
 
     def to_reader(serialized):
