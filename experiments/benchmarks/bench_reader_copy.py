@@ -45,6 +45,7 @@ def define_flags():
   flags.DEFINE_list("answer_kinds", ["55", "1500"], "Sizes of the answer range, typed tasks.")
   flags.DEFINE_integer("seed", 0, "Seed of the data and of TF.")
 
+
 CLS, SEP, MASK, FIRST = 2, 3, 4, 5   # ids below FIRST are special
 QUERY, CONTEXT = 12, 40
 
@@ -68,8 +69,9 @@ def make_batch(task: str, rng: np.random.Generator, b: int, vocab: int, answers:
     query = rng.integers(FIRST + answers, vocab, [b, QUERY])
     context = rng.integers(FIRST + answers, vocab, [b, CONTEXT])
     pos = rng.integers(0, QUERY, [b, 1])
-    context[rows[:, 0], rng.integers(0, CONTEXT, b)] = rng.integers(FIRST, FIRST + answers, b)
-    query[rows, pos] = context[rows[:, 0], np.argmax(context < FIRST + answers, 1)][:, None]
+    answer = rng.integers(FIRST, FIRST + answers, b)
+    context[rows[:, 0], rng.integers(0, CONTEXT, b)] = answer
+    query[rows, pos] = answer[:, None]
   elif task == "content":
     query = rng.integers(FIRST, vocab, [b, QUERY])
     context = rng.integers(FIRST, vocab, [b, CONTEXT])
@@ -90,7 +92,7 @@ def train_task(task: str, vocab: int, answers: int = 0, steps: int = 800, batch_
                learning_rate: float = 1e-3, seed: int = 0):
   """Trains a fresh demo-size reader on ``task``; returns ``[(step, mean accuracy)]``, one per
   quarter of training."""
-  tf.keras.utils.set_random_seed(seed)
+  tf_keras.utils.set_random_seed(seed)
   rng = np.random.default_rng(seed)
   reader = modeling.build_reader(configs.ReaderConfig(
       encoder=configs.bert_tiny(vocab, 64, dropout_rate=0.0), seq_length=96))
