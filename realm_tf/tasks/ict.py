@@ -6,7 +6,6 @@ A sentence is the pseudo-query and its block (with the sentence removed 90% of t
 the blocks of the whole global batch (gathered across replicas), as ORQA's TPU code did.
 """
 
-import json
 import os
 from typing import Dict
 
@@ -51,14 +50,14 @@ def example_records(params: configs.RealmDataConfig, input_context=None,
   files = tf.io.gfile.glob(params.input_path)
   if not files:
     raise FileNotFoundError(f"no ICT examples match {params.input_path}")
-  manifest = os.path.join(os.path.dirname(files[0]), "manifest.json")
-  if tf.io.gfile.exists(manifest):
-    with tf.io.gfile.GFile(manifest) as f:
-      written = json.load(f)
+  from data_prep import schema  # pylint: disable=g-import-not-at-top
+  directory = os.path.dirname(files[0])
+  if tf.io.gfile.exists(os.path.join(directory, schema.MANIFEST)):
+    written = schema.load_manifest(directory)
     for key, wanted in (("query_seq_length", query_seq_length),
                         ("block_seq_length", block_seq_length)):
       if wanted and key in written and written[key] != wanted:
-        raise ValueError(f"the ICT examples in {os.path.dirname(files[0])} have {key}="
+        raise ValueError(f"the ICT examples in {directory} have {key}="
                          f"{written[key]} but the config asks for {wanted}; rebuild them with "
                          f"data_prep or set the config's {key} to {written[key]}")
   batch_size = (input_context.get_per_replica_batch_size(params.global_batch_size)
