@@ -2,6 +2,7 @@
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 from realm_tf import configs
 from realm_tf.tasks import reader_mlm
@@ -66,14 +67,9 @@ class TrainStepTest(tf.test.TestCase):
     logits = model.reader(inputs)["mlm_logits"].numpy().astype(np.float64)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     want = -(np.take_along_axis(logp, labels[..., None], -1)[..., 0] * weights).sum() / 6
-    sums = task.train_step(inputs, model, tf_keras_sgd(0.0))
+    sums = task.train_step(inputs, model, tf_keras.optimizers.SGD(0.0))
     self.assertAllClose(sums["loss"], want, rtol=1e-5)
     self.assertEqual(float(sums["tokens"]), 6.0)
-
-
-def tf_keras_sgd(lr):
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  return tf_keras.optimizers.SGD(lr)
 
 
 if __name__ == "__main__":
