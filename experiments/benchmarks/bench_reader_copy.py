@@ -1,12 +1,13 @@
-r"""Can the demo's from-scratch reader learn to read its second segment? Four synthetic tasks.
+r"""Can the demo's from-scratch reader learn to read its second segment? Three synthetic tasks.
 
     python -m experiments.benchmarks.bench_reader_copy --steps=800
 
 REALM's retriever learns only when the reader predicts a masked span better from the block
 that holds it than from other blocks. The paper's reader starts from BERT and can already read;
 the CPU demo's reader (the 2-layer, 64-wide BERT of ``realm_pretrain_cpu``) starts from scratch.
-This benchmark trains fresh copies of that reader, in one run, on four toy tasks of the input
-layout ``[CLS] query [SEP] context [SEP]`` and prints the masked-token accuracy they reach:
+This benchmark trains fresh copies of that reader, in one run, on three toy tasks (the typed
+one at two sizes, so four trainings) of the input layout ``[CLS] query [SEP] context [SEP]``,
+and prints the masked-token accuracy they reach:
 
 * ``aligned``: the context repeats the query at the same offset; 3 masked query tokens
   (attention by relative position: the baseline);
