@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import random
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from data_prep import beam_utils
 
@@ -73,42 +73,51 @@ def _list_phrase(items: List[str]) -> str:
 
 def generate_world(seed: int = 0, num_regions: int = 6, num_cities: int = 30,
                    num_people: int = 100, num_organizations: int = 24,
-                   num_works: int = 50) -> World:
+                   num_works: int = 50, name_seed: Optional[int] = None) -> World:
   """Builds the world; the same arguments always give the same world (``random.Random(seed)``).
 
-  The default size gives 210 articles of 2 to 12 sentences.
+  The default size gives 210 articles of 2 to 12 sentences. The names come from their own
+  generator, seeded by ``name_seed`` (default: ``seed``): worlds with one ``name_seed`` and
+  different ``seed`` have the same people, places, organizations and works, with other facts
+  (the demo's reader learns to read on such counterfactual worlds).
   """
   rng = random.Random(seed)
-  names = _Names(rng)
+  name_rng = random.Random(f"names-{seed if name_seed is None else name_seed}")
+  names = _Names(name_rng)
   regions = [{"name": names.make(3), "cities": []} for _ in range(num_regions)]
+  city_names = [names.make(name_rng.choice((2, 3))) for _ in range(num_cities)]
+  person_names = [f"{names.make(2)} {names.make(name_rng.choice((2, 3)))}"
+                  for _ in range(num_people)]
+  work_names = [f"The {names.make(2)} {name_rng.choice(WORK_NOUNS)}" for _ in range(num_works)]
+  org_names = [f"{names.make(name_rng.choice((2, 3)))} {name_rng.choice(ORG_NOUNS)}"
+               for _ in range(num_organizations)]
   cities = []
-  for i in range(num_cities):
+  for i, name in enumerate(city_names):
     region = regions[i % num_regions]
-    c = {"name": names.make(rng.choice((2, 3))), "region": region["name"],
+    c = {"name": name, "region": region["name"],
          "founded": rng.randint(1100, 1650), "people": [], "orgs": []}
     region["cities"].append(c)
     cities.append(c)
   people = []
-  for _ in range(num_people):
+  for name in person_names:
     city = rng.choice(cities)
-    p = {"name": f"{names.make(2)} {names.make(rng.choice((2, 3)))}", "city": city["name"],
+    p = {"name": name, "city": city["name"],
          "born": rng.randint(1720, 1950), "occupation": rng.choice(OCCUPATIONS),
          "trait": rng.choice(TRAITS), "works": [], "orgs": []}
     city["people"].append(p)
     people.append(p)
   works = []
-  for _ in range(num_works):
+  for name in work_names:
     author = rng.choice(people)
-    w = {"name": f"The {names.make(2)} {rng.choice(WORK_NOUNS)}", "author": author["name"],
+    w = {"name": name, "author": author["name"],
          "year": author["born"] + rng.randint(20, 60), "genre": rng.choice(GENRES)}
     author["works"].append(w)
     works.append(w)
   orgs = []
-  for _ in range(num_organizations):
+  for name in org_names:
     founder = rng.choice(people)
     city = rng.choice(cities)
-    o = {"name": f"{names.make(rng.choice((2, 3)))} {rng.choice(ORG_NOUNS)}",
-         "founder": founder["name"], "year": founder["born"] + rng.randint(25, 55),
+    o = {"name": name, "founder": founder["name"], "year": founder["born"] + rng.randint(25, 55),
          "city": city["name"]}
     founder["orgs"].append(o)
     city["orgs"].append(o)
@@ -212,13 +221,19 @@ def generate_world(seed: int = 0, num_regions: int = 6, num_cities: int = 30,
 
 
 def build_demo_vocab(texts, output_file: str, vocab_size: int = 3000,
-                     lower_case: bool = True) -> List[str]:
-  """Learns the demo's WordPiece vocabulary from article texts (``realm_tf`` ``learn_vocab``)."""
+                     lower_case: bool = True, whole_words: Sequence[str] = ()) -> List[str]:
+  """Learns the demo's WordPiece vocabulary from article texts (``realm_tf`` ``learn_vocab``).
+
+  ``whole_words`` are appended as single wordpieces (the demo passes ``name_words``).
+  """
   from realm_tf.tokenization import learn_vocab
   vocab = learn_vocab(list(texts), output_file, vocab_size=vocab_size, lower_case=lower_case)
   # The learner keeps only frequent pieces of so small a corpus; adding the name syllables (as
   # word starts and continuations) makes every invented name a handful of wordpieces.
-  extra = [p for s in SYLLABLES for p in (s, "##" + s) if p not in vocab]
+  extra = [p for s in SYLLABLES for p in (s, "##" + s)]
+  extra += [w.lower() if lower_case else w for w in whole_words]
+  known = set(vocab)
+  extra = [p for p in dict.fromkeys(extra) if p not in known]
   if extra:
     vocab = vocab + extra
     tmp = output_file + ".tmp"
@@ -228,9 +243,19 @@ def build_demo_vocab(texts, output_file: str, vocab_size: int = 3000,
   return vocab
 
 
+def name_words(world: World) -> List[str]:
+  """Every word of every name in ``world``, and every year from 1000 to 2099."""
+  words = [w for p in world.patterns for w in p["pattern"].split()]
+  return words + [str(year) for year in range(1000, 2100)]
+
+
 def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
-                lower_case: bool = True) -> Dict[str, str]:
-  """Writes the world's files into ``output_dir`` atomically; returns their paths."""
+                lower_case: bool = True, whole_word_names: bool = False) -> Dict[str, str]:
+  """Writes the world's files into ``output_dir`` atomically; returns their paths.
+
+  With ``vocab_size``, also learns ``vocab.txt``; ``whole_word_names`` makes every name word
+  and year one wordpiece, so a masked name is one token the reader can copy from a block.
+  """
   names = {"articles": "articles.jsonl", "qa": "qa.jsonl", "patterns": "entity_patterns.jsonl",
            "facts": "facts.jsonl"}
   with beam_utils.atomic_output_dir(output_dir) as tmp:
@@ -242,7 +267,8 @@ def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
     if vocab_size:
       build_demo_vocab([a["title"] + "\n" + a["text"] for a in world.articles] +
                        [q["question"] for q in world.qa], os.path.join(tmp, "vocab.txt"),
-                       vocab_size, lower_case)
+                       vocab_size, lower_case,
+                       whole_words=name_words(world) if whole_word_names else ())
       names["vocab"] = "vocab.txt"
   return {k: os.path.join(output_dir, v) for k, v in names.items()}
 

@@ -43,6 +43,25 @@ def test_world_is_deterministic_and_states_each_fact_twice():
   assert sum(n.split()[1].lower() in vocab for n in people) <= 2  # Invented names.
 
 
+def test_name_seed_keeps_the_names_and_changes_the_facts():
+  world = synthetic_world.generate_world(seed=0, **SMALL)
+  assert synthetic_world.generate_world(seed=0, name_seed=0, **SMALL) == world
+  other = synthetic_world.generate_world(seed=1, name_seed=0, **SMALL)
+  assert other.patterns == world.patterns
+  facts = lambda w: {(f["subject"], f["relation"], f["object"]) for f in w.facts}
+  assert len(facts(world) & facts(other)) < len(facts(world)) / 2
+  assert synthetic_world.generate_world(seed=1, **SMALL).patterns != world.patterns
+
+
+def test_whole_word_names_are_one_wordpiece(tmp_path):
+  world = synthetic_world.generate_world(seed=0, **SMALL)
+  paths = synthetic_world.write_world(world, str(tmp_path), vocab_size=300,
+                                      whole_word_names=True)
+  tokenizer = RealmTokenizer(paths["vocab"])
+  for word in synthetic_world.name_words(world)[::7]:
+    assert tokenizer.tokenize_to_strings(word) == [word.lower()], word
+
+
 def test_date_regex():
   s = "Born on 12 March 1843, died March 3, 1901; active 1870 to 1890 and in May 1888; 12345."
   found = [s[a:b] for a, b, _ in salient_spans.find_dates(s)]
