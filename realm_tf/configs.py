@@ -140,6 +140,24 @@ class ReaderMlmTaskConfig(cfg.TaskConfig):
 
 
 @dataclasses.dataclass
+class ReaderReadTaskConfig(cfg.TaskConfig):
+  """Reading warm start of the reader (toy-scale stand-in for BERT's ability to read).
+
+  REALM's loss over two fixed candidates, the null block and a block of another article that
+  holds the masked answer, on corpora other than the one REALM is trained and evaluated on
+  (``tasks/reader_read.py``). ``train_data.input_path`` and ``train_data.blocks_dir`` are
+  comma-separated lists, one pre-training example pattern and one blocks directory per corpus
+  (set them in a YAML file: ``--params_override`` splits on commas).
+  """
+  model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
+  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
+  validation_data: RealmDataConfig = dataclasses.field(
+      default_factory=lambda: RealmDataConfig(is_training=False))
+  init_checkpoint: str = ""
+  jit_compile: bool = True
+
+
+@dataclasses.dataclass
 class RealmPretrainTaskConfig(cfg.TaskConfig):
   """REALM pre-training: retrieve with a (stale) index, rescore, read, marginalize.
 
@@ -263,6 +281,18 @@ def reader_mlm_cpu() -> cfg.ExperimentConfig:
       restrictions=_RESTRICTIONS)
 
 
+@exp_factory.register_config_factory("reader_read_cpu")
+def reader_read_cpu() -> cfg.ExperimentConfig:
+  """The reader's reading warm start at toy scale (stands in for BERT pre-training)."""
+  return cfg.ExperimentConfig(
+      task=ReaderReadTaskConfig(
+          model=RealmModelConfig(retriever=retriever_tiny(),
+                                 reader=ReaderConfig(encoder=bert_tiny(), seq_length=96)),
+          train_data=RealmDataConfig(global_batch_size=32), jit_compile=False),
+      trainer=_trainer(3000, 1e-3, 100, 500, 100),
+      restrictions=_RESTRICTIONS)
+
+
 class ConfigError(ValueError):
   """An experiment name, YAML file or override that does not fit the config."""
 
@@ -279,7 +309,8 @@ def load_experiment(name: str,
     params = exp_factory.get_exp_config(name)
   except LookupError:
     raise ConfigError(f"unknown experiment {name!r}; registered: realm_pretrain_paper, "
-                      "realm_pretrain_cpu, ict_paper, ict_cpu, reader_mlm_cpu") from None
+                      "realm_pretrain_cpu, ict_paper, ict_cpu, reader_mlm_cpu, "
+                      "reader_read_cpu") from None
   for path in config_files:
     try:
       params = hyperparams.override_params_dict(params, path, is_strict=True)

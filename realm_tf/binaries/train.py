@@ -15,6 +15,7 @@ from realm_tf import configs
 from realm_tf.binaries import cli
 from realm_tf.tasks import ict  # noqa: F401  pylint: disable=unused-import  (registers the task)
 from realm_tf.tasks import reader_mlm  # pylint: disable=unused-import
+from realm_tf.tasks import reader_read  # pylint: disable=unused-import
 from realm_tf.tasks import realm_pretrain  # pylint: disable=unused-import
 from realm_tf.tasks import retrieval_inputs
 from realm_tf.tasks import train_lib

@@ -40,7 +40,8 @@ def realm_metrics(retrieval_logits, mlm_logits, mlm_ids, mlm_weights) -> Dict[st
   Returns per-example ``[batch]`` tensors: ``nll_sum`` (sum over real mask tokens of
   ``-log p(y_j|x)``), ``num_tokens``, ``retrieval_utility`` (``log p(y|x) - log p(y|null,x)``
   summed over the tokens of the span), ``entropy`` of ``p(z|x)``, ``correct`` (tokens whose
-  marginal argmax is right) and the ``token_log_p`` ``[batch, num_masks]``.
+  marginal argmax is right), ``token_log_p`` ``[batch, num_masks]`` and
+  ``token_log_p_given_z`` ``[batch, k, num_masks]``.
   """
   weights = tf.cast(mlm_weights, tf.float32)
   out = marginal_log_likelihood(retrieval_logits, mlm_logits, mlm_ids)
@@ -59,4 +60,5 @@ def realm_metrics(retrieval_logits, mlm_logits, mlm_ids, mlm_weights) -> Dict[st
       retrieval_utility=log_p_y - log_p_y_null,
       entropy=-tf.reduce_sum(p_z * out["log_p_z"], axis=1),
       correct=tf.reduce_sum(correct * weights, axis=1),
-      token_log_p=out["token_log_p"])
+      token_log_p=out["token_log_p"],
+      token_log_p_given_z=out["token_log_p_given_z"])

@@ -41,21 +41,21 @@ class RealmPretrainer(tf_keras.Model):
                 reader=self.reader)
 
   def call(self, features, training=None):
-    query = self.query_embedder(_tower_inputs(features, "query"), training=training)  # [b, d]
+    query = self.query_embedder(tower_inputs(features, "query"), training=training)  # [b, d]
     batch = tf.shape(features["candidate_word_ids"])[0]
     k = features["candidate_word_ids"].shape[1]
-    blocks = self.block_embedder(_tower_inputs(features, "candidate"), training=training)
+    blocks = self.block_embedder(tower_inputs(features, "candidate"), training=training)
     blocks = tf.reshape(blocks, [batch, k, -1])                                       # [b, k, d]
     retrieval_logits = tf.einsum("bd,bkd->bk", query, blocks)
 
     positions = tf.repeat(features["mlm_positions"], k, axis=0)                       # [b*k, m]
-    reader_inputs = dict(_tower_inputs(features, "reader"), masked_lm_positions=positions)
+    reader_inputs = dict(tower_inputs(features, "reader"), masked_lm_positions=positions)
     mlm_logits = self.reader(reader_inputs, training=training)["mlm_logits"]          # [b*k, m, V]
     mlm_logits = tf.reshape(mlm_logits, [batch, k, positions.shape[-1], mlm_logits.shape[-1]])
     return dict(retrieval_logits=retrieval_logits, mlm_logits=mlm_logits)
 
 
-def _tower_inputs(features, prefix):
+def tower_inputs(features, prefix):
   """``{prefix}_word_ids`` etc. -> a BERT input dict, flattened to ``[-1, seq_len]``."""
   return {f"input_{n}": tf.reshape(features[f"{prefix}_{n}"],
                                    [-1, features[f"{prefix}_{n}"].shape[-1]])
