@@ -22,7 +22,7 @@ from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
 from realm_tf.tasks import evaluation
 from realm_tf.tasks import ict
-from realm_tf.tasks import reader_mlm
+from realm_tf.tasks import reader_read
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tasks import retrieval_inputs
 from realm_tf.tasks import train_lib
@@ -95,10 +95,19 @@ def ict_dir(prepared):
 
 @pytest.fixture(scope="module")
 def reader_dir(prepared):
-  """A few steps of the reader's masked-LM warm start."""
-  path, metrics = _warm_start(prepared, "reader_mlm_cpu", reader_mlm.ReaderMlmTask,
-                              "reader_mlm", 3)
-  assert set(metrics) >= {"loss", "mlm_accuracy"} and metrics["loss"] > 0
+  """A few steps of the reader's reading warm start (the world reads itself here)."""
+  p = prepared
+  size = len(load_vocab(p["vocab"]))
+  params = configs.load_experiment("reader_read_cpu", params_override=",".join([
+      f"task.model.vocab_file={p['vocab']}", f"task.model.reader.encoder.vocab_size={size}",
+      f"task.model.retriever.encoder.vocab_size={size}", "task.model.reader.seq_length=96",
+      "task.model.reader.encoder.hidden_size=32", "task.model.reader.encoder.intermediate_size=64",
+      f"task.train_data.input_path={os.path.join(p['pretrain'], 'train-*')}",
+      f"task.train_data.blocks_dir={p['blocks']}", "task.train_data.global_batch_size=8",
+      "trainer.train_steps=3"]))
+  path = str(p["root"] / "reader_read")
+  metrics = train_lib.run(reader_read.ReaderReadTask(params.task), params, path)
+  assert set(metrics) >= {"loss", "mlm_accuracy", "reading_gain"} and metrics["loss"] > 0
   return path
 
 

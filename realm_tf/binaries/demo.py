@@ -1,12 +1,16 @@
 r"""realm-demo: the whole REALM pipeline at toy size on the embedded synthetic world.
 
-1. generate the synthetic knowledge world and learn a WordPiece vocabulary from it;
-2. data_prep: blocks, salient-span annotation, masked examples, ICT examples;
-3. warm starts: masked-LM training of the reader (the toy stand-in for its BERT
-   initialization) and ICT training of the retriever;
+1. generate the synthetic knowledge world and learn a WordPiece vocabulary from it (every name
+   word and year one wordpiece), and ``--reading_worlds`` counterfactual worlds: the same names,
+   other facts;
+2. data_prep: blocks, salient-span annotation, masked examples, ICT examples, for each world;
+3. warm starts: the reader learns to read on the counterfactual worlds (the toy stand-in for
+   its BERT initialization, ``tasks/reader_read.py``), and ICT trains the retriever on the
+   demo world;
 4. REALM pre-training with ``realm-train`` and ``realm-refresh`` running side by side as two
    processes (the refresher re-embeds the corpus from each new checkpoint);
-5. the stale-index ablation: the same run with the index built once and never refreshed;
+5. at the same time, the stale-index ablation: the same run with the index built once and
+   never refreshed;
 6. held-out evaluation before (the ICT starting point) and after pre-training.
 
 Everything goes under ``--output_dir``; a summary is printed and saved as ``results.json``.
@@ -26,11 +30,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("output_dir", "demo_out", "Where everything is written.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic world.")
 flags.DEFINE_float("world_scale", 1.0, "Size of the synthetic world (1.0: 210 articles).")
-flags.DEFINE_integer("reader_mlm_steps", 600, "Masked-LM warm-start steps of the reader.")
+flags.DEFINE_integer("reading_worlds", 4, "Counterfactual worlds the reader learns to read on.")
+flags.DEFINE_integer("reading_steps", 3000, "Reading warm-start steps of the reader.")
 flags.DEFINE_integer("ict_steps", 400, "ICT warm-start steps.")
 flags.DEFINE_float("ict_learning_rate", 5e-4, "ICT peak learning rate.")
-flags.DEFINE_integer("realm_steps", 500, "REALM pre-training steps (each run).")
-flags.DEFINE_float("realm_learning_rate", 1e-3, "REALM peak learning rate.")
+flags.DEFINE_integer("realm_steps", 1000, "REALM pre-training steps (each run).")
+flags.DEFINE_float("realm_learning_rate", 1e-4, "REALM peak learning rate.")
 flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
 flags.DEFINE_integer("eval_examples", 1000, "Held-out masked sentences to evaluate on.")
 flags.DEFINE_bool("stale_ablation", True, "Also run the never-refreshed index ablation.")
@@ -55,21 +60,36 @@ def _wait(proc, name, log_path):
     raise RuntimeError(f"{name} failed (exit {proc.returncode}); last log lines:\n{tail}")
 
 
-def prepare_data(out: str):
-  """World -> vocab -> blocks, sentences, masked examples, ICT examples."""
-  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
+def make_world(seed: int, name_seed: int):
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
   scale = FLAGS.world_scale
-  world = synthetic_world.generate_world(
-      seed=FLAGS.seed, num_regions=round(6 * scale), num_cities=round(30 * scale),
-      num_people=round(100 * scale), num_organizations=round(24 * scale),
-      num_works=round(50 * scale))
-  files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000)
+  return synthetic_world.generate_world(
+      seed=seed, name_seed=name_seed, num_regions=round(6 * scale),
+      num_cities=round(30 * scale), num_people=round(100 * scale),
+      num_organizations=round(24 * scale), num_works=round(50 * scale))
+
+
+def prepare_data(out: str):
+  """World -> vocab -> blocks, sentences, masked examples, ICT examples; then the same for the
+  counterfactual reading worlds, with the demo world's vocabulary."""
+  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
+  world = make_world(FLAGS.seed, FLAGS.seed)
+  files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
+                                      whole_word_names=True)
+  lengths = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
-                                  patterns_file=files["patterns"], block_seq_length=64,
-                                  query_seq_length=32, eval_fraction=0.2,
-                                  examples_per_sentence=2)
-  return world, files, prepared
+                                  patterns_file=files["patterns"], eval_fraction=0.2,
+                                  seed=FLAGS.seed, **lengths)
+  reading = []
+  for i in range(1, FLAGS.reading_worlds + 1):
+    other = synthetic_world.write_world(make_world(FLAGS.seed + i, FLAGS.seed),
+                                        os.path.join(out, f"reading_world_{i}"))
+    reading.append(pipeline.prepare_all(
+        other["articles"], files["vocab"], os.path.join(out, f"reading_data_{i}"),
+        patterns_file=other["patterns"], eval_fraction=0.02, seed=FLAGS.seed + i,
+        **lengths)["dirs"])
+  return world, files, prepared, reading
 
 
 def vocab_size(vocab):
@@ -98,37 +118,49 @@ def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir, reader_dir)
   ] + schedule(steps, FLAGS.realm_learning_rate))
 
 
-def pretrain(name, vocab, dirs, ict_dir, reader_dir, out, refresh):
-  """REALM pre-training beside its refresher, as two processes."""
-  model_dir = os.path.join(out, name)
-  index_dir = os.path.join(out, f"{name}_index")
-  refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
-                    f"--index_dir={index_dir}", f"--blocks_dir={dirs['blocks']}",
-                    "--poll_seconds=1", "--model_dir_wait_seconds=600", "--keep=2",
-                    "--index_type=brute_force"]
-  if not refresh:
-    refresher_args.append("--max_builds=1")   # one index, from the ICT starting point
-  trainer_args = ["realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
-                  f"--config_file={os.path.join(CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
-                  f"--model_dir={model_dir}",
-                  "--params_override=" + realm_overrides(vocab, dirs, index_dir,
-                                                         FLAGS.realm_steps, refresh, ict_dir,
-                                                         reader_dir)]
-  _say(f"REALM pre-training '{name}' ({FLAGS.realm_steps} steps, index "
-       f"{'refreshed every checkpoint' if refresh else 'built once, never refreshed'}); "
-       f"logs in {out}/{name}.*.log")
-  refresher = _run(refresher_args, os.path.join(out, f"{name}.refresh.log"))
-  trainer = _run(trainer_args, os.path.join(out, f"{name}.train.log"))
+def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
+  """REALM pre-training runs ``{name: refresh}``, each beside its refresher, all side by side.
+
+  Every trainer and refresher is its own process. One tiny trainer keeps only part of two
+  cores busy, so the runs finish sooner together than one after the other. Returns
+  ``{name: (model_dir, indexes built)}``.
+  """
+  procs = []
+  for name, refresh in runs.items():
+    model_dir = os.path.join(out, name)
+    index_dir = os.path.join(out, f"{name}_index")
+    refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+                      f"--index_dir={index_dir}", f"--blocks_dir={dirs['blocks']}",
+                      "--poll_seconds=1", "--model_dir_wait_seconds=600", "--keep=2",
+                      "--index_type=brute_force"]
+    if not refresh:
+      refresher_args.append("--max_builds=1")   # one index, from the ICT starting point
+    trainer_args = ["realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+                    f"--config_file={os.path.join(CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
+                    f"--model_dir={model_dir}",
+                    "--params_override=" + realm_overrides(vocab, dirs, index_dir,
+                                                           FLAGS.realm_steps, refresh, ict_dir,
+                                                           reader_dir)]
+    _say(f"REALM pre-training '{name}' ({FLAGS.realm_steps} steps, index "
+         f"{'refreshed every checkpoint' if refresh else 'built once, never refreshed'}); "
+         f"logs in {out}/{name}.*.log")
+    for binary, args in (("realm-refresh", refresher_args), ("realm-train", trainer_args)):
+      log = os.path.join(out, f"{name}.{binary.split('-')[1]}.log")
+      procs.append((_run(args, log), binary, log))
   try:
-    _wait(trainer, "realm-train", os.path.join(out, f"{name}.train.log"))
-    _wait(refresher, "realm-refresh", os.path.join(out, f"{name}.refresh.log"))
+    # Trainers first: a refresher exits only after its trainer has finished.
+    for proc, binary, log in sorted(procs, key=lambda p: p[1] == "realm-refresh"):
+      _wait(proc, binary, log)
   finally:
-    for p in (trainer, refresher):
-      if p.poll() is None:
-        p.kill()
-  with open(os.path.join(out, f"{name}.refresh.log")) as f:
-    builds = sum(line.startswith("[realm-refresh] published") for line in f)
-  return model_dir, builds
+    for proc, _, _ in procs:
+      if proc.poll() is None:
+        proc.kill()
+  results = {}
+  for name in runs:
+    with open(os.path.join(out, f"{name}.refresh.log")) as f:
+      builds = sum(line.startswith("[realm-refresh] published") for line in f)
+    results[name] = (os.path.join(out, name), builds)
+  return results
 
 
 def main(argv):
@@ -139,50 +171,58 @@ def main(argv):
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import ict  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import reader_mlm  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks import reader_read  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import train_lib  # pylint: disable=g-import-not-at-top
 
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
   tf.io.gfile.makedirs(out)
   _say(f"writing everything under {out}")
-  world, files, prepared = prepare_data(out)
+  world, files, prepared, reading = prepare_data(out)
   dirs, vocab = prepared["dirs"], files["vocab"]
   blocks = schema.read_blocks(dirs["blocks"])
   _say(f"world: {len(world.articles)} articles -> {len(blocks)} blocks, "
        f"{prepared['pretrain']['num_train']} masked training sentences, "
-       f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs")
+       f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs; "
+       f"{len(reading)} reading worlds")
 
-  def warm_start(name, experiment, task_cls, steps, learning_rate):
-    """Trains a warm-start stage on the ICT pairs into ``out/name``; returns (dir, metrics)."""
+  def warm_start(name, experiment, task_cls, steps, learning_rate, overrides, yaml_files=()):
+    """Trains a warm-start stage into ``out/name``; returns (dir, metrics)."""
     model_dir = os.path.join(out, name)
     params = configs.load_experiment(
-        experiment, [os.path.join(CONFIG_DIR, f"{experiment}__demo.yaml")],
-        ",".join([f"task.vocab_file={vocab}",
-                  f"task.model.encoder.vocab_size={vocab_size(vocab)}",
-                  f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"]
-                 + schedule(steps, learning_rate)))
+        experiment, [os.path.join(CONFIG_DIR, f"{experiment}__demo.yaml"), *yaml_files],
+        ",".join(overrides + schedule(steps, learning_rate)))
     _say(f"{name} warm start ({steps} steps) -> {model_dir}")
     metrics = train_lib.run(task_cls(params.task), params, model_dir)
     _say(f"{name} done: {metrics}")
     return model_dir, metrics
 
-  reader_dir, reader_metrics = warm_start("reader_mlm", "reader_mlm_cpu",
-                                          reader_mlm.ReaderMlmTask, FLAGS.reader_mlm_steps, 1e-3)
-  ict_dir, ict_metrics = warm_start("ict", "ict_cpu", ict.IctTask, FLAGS.ict_steps,
-                                    FLAGS.ict_learning_rate)
+  n = vocab_size(vocab)
+  # The reading corpora are comma-separated lists, which an override string cannot hold.
+  corpora = os.path.join(out, "reading_corpora.yaml")
+  with open(corpora, "w") as f:
+    json.dump({"task": {"train_data": {
+        "input_path": ",".join(os.path.join(d["pretrain"], "train-*") for d in reading),
+        "blocks_dir": ",".join(d["blocks"] for d in reading)}}}, f)   # JSON is YAML
+  reader_dir, reader_metrics = warm_start(
+      "reader_read", "reader_read_cpu", reader_read.ReaderReadTask, FLAGS.reading_steps, 1e-3,
+      [f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
+       f"task.model.retriever.encoder.vocab_size={n}"], [corpora])
+  ict_dir, ict_metrics = warm_start(
+      "ict", "ict_cpu", ict.IctTask, FLAGS.ict_steps, FLAGS.ict_learning_rate,
+      [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
+       f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"])
 
-  runs = {"refreshed": pretrain("realm", vocab, dirs, ict_dir, reader_dir, out, refresh=True)}
-  if FLAGS.stale_ablation:
-    runs["stale"] = pretrain("realm_stale", vocab, dirs, ict_dir, reader_dir, out,
-                             refresh=False)
+  wanted = {"realm": True, "realm_stale": False} if FLAGS.stale_ablation else {"realm": True}
+  trained = pretrain(wanted, vocab, dirs, ict_dir, reader_dir, out)
+  runs = {"refreshed" if wanted[name] else "stale": run for name, run in trained.items()}
 
   eval_files = schema.example_files(dirs["pretrain"], schema.EVAL_SPLIT)
   arrays = next(tf.data.TFRecordDataset(eval_files).take(FLAGS.eval_examples).batch(
       FLAGS.eval_examples).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
   realm_dir = runs["refreshed"][0]
   # The starting point of REALM pre-training: the ICT towers and the warm-started reader.
-  rows = {"start (ICT, MLM reader)": evaluation.evaluate(
+  rows = {"start (ICT, reading reader)": evaluation.evaluate(
       realm_dir, model_dir_lib.latest_checkpoint(ict_dir), blocks, arrays,
       model_config=model_dir_lib.load_config(realm_dir),
       reader_checkpoint=model_dir_lib.latest_checkpoint(reader_dir))}
@@ -204,7 +244,7 @@ def main(argv):
   elapsed = time.time() - start
   _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics, reader_mlm=reader_metrics), f,
+    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics, reader_read=reader_metrics), f,
               indent=2, default=float)
 
 
