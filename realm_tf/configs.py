@@ -143,8 +143,8 @@ class ReaderMlmTaskConfig(cfg.TaskConfig):
 class ReaderReadTaskConfig(cfg.TaskConfig):
   """Reading warm start of the reader (toy-scale stand-in for BERT's ability to read).
 
-  REALM's loss over two fixed candidates, the null block and a block of another article that
-  holds the masked answer, on corpora other than the one REALM is trained and evaluated on
+  REALM's loss over two fixed candidates, the null block and a block (not the sentence's own)
+  that holds the masked answer, on corpora other than the one REALM is trained and evaluated on
   (``tasks/reader_read.py``). ``train_data.input_path`` and ``train_data.blocks_dir`` are
   comma-separated lists, one pre-training example pattern and one blocks directory per corpus
   (set them in a YAML file: ``--params_override`` splits on commas).

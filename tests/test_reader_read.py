@@ -1,6 +1,7 @@
 """The reader's reading warm start: the block it reads, and its loss."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 
@@ -77,3 +78,10 @@ def test_loss_is_the_uniform_marginal_over_null_and_reading_block():
   np.testing.assert_allclose(sums["loss"], want_loss, rtol=1e-5)
   np.testing.assert_allclose(sums["reading_gain"], want_gain, rtol=1e-4, atol=1e-5)
   assert float(sums["tokens"]) == 6.0
+
+
+def test_one_blocks_dir_per_corpus():
+  task = reader_read.ReaderReadTask(configs.ReaderReadTaskConfig())
+  data = configs.RealmDataConfig(input_path="a/train-*,b/train-*", blocks_dir="a/blocks")
+  with pytest.raises(configs.ConfigError, match="2 input paths but 1 blocks dirs"):
+    task.build_inputs(data)

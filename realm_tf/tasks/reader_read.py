@@ -8,12 +8,14 @@ corpora, where memorizing does not pay: the demo uses worlds with the same names
 facts (``synthetic_world.generate_world(name_seed=...)``).
 
 Each masked sentence of those corpora (a salient span, as REALM masks) is read beside two
-candidates: the null block, and the block of another article that holds the answer and shares
-the most IDF-weighted wordpieces with the query (when no block holds the answer: the block that
-shares the most). The loss is REALM's marginal likelihood with a uniform ``p(z|x)``, so the
-reader learns to use a block that helps and to fall back on the null block's prior otherwise.
+candidates: the null block, and the block (not the sentence's own) that holds the answer and
+shares the most IDF-weighted wordpieces with the query (when no block holds the answer: the
+block that shares the most). The loss is REALM's marginal likelihood with a uniform
+``p(z|x)``, so the reader learns to use a block that helps and to fall back on the null
+block's prior otherwise.
 """
 
+import logging
 import re
 from typing import Dict, List
 
@@ -59,7 +61,7 @@ def answer_block_candidates(blocks: List[Dict], examples: Dict[str, np.ndarray],
   whether each reading block holds the answer ``[n]``.
 
   The reading block is the best lexical match (``lexical_scores``) among the blocks that hold
-  the example's answer as whole words, the query's own article excluded; the best lexical
+  the example's answer as whole words, the query's own block excluded; the best lexical
   match overall when none holds it.
   """
   scores = lexical_scores(examples["query_ids"], examples["query_mask"], blocks, ignore_ids)
@@ -119,16 +121,17 @@ class ReaderReadTask(base_task.Task):
     paths = [p for p in params.input_path.split(",") if p]
     blocks_dirs = [d for d in params.blocks_dir.split(",") if d]
     if len(paths) != len(blocks_dirs):
-      raise ValueError(f"reading warm start: {len(paths)} input paths but {len(blocks_dirs)} "
-                       "blocks dirs; give one blocks_dir per input_path (comma-separated)")
+      raise configs.ConfigError(
+          f"reading warm start: {len(paths)} input paths but {len(blocks_dirs)} blocks dirs; "
+          "give one blocks_dir per input_path (comma-separated)")
     tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
     special = (0, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id)
     parts = [reading_features(p, d, cfg.model, tokenizer.cls_id, tokenizer.sep_id, special)
              for p, d in zip(paths, blocks_dirs)]
     features = {k: np.concatenate([p[k] for p in parts]) for k in READER_FEATURES}
     held = np.concatenate([p["holds_answer"] for p in parts])
-    tf.get_logger().info("reading warm start: %d examples, %.0f%% with a block holding the "
-                         "answer", len(held), 100 * held.mean())
+    logging.info("reading warm start: %d examples, %.0f%% with a block holding the answer",
+                 len(held), 100 * held.mean())
     batch_size = (input_context.get_per_replica_batch_size(params.global_batch_size)
                   if input_context else params.global_batch_size)
     ds = tf.data.Dataset.from_tensor_slices(features)
