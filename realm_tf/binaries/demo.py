@@ -77,10 +77,10 @@ def prepare_data(out: str):
   world = make_world(FLAGS.seed, FLAGS.seed)
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
-  lengths = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
+  common = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                                   patterns_file=files["patterns"], eval_fraction=0.2,
-                                  seed=FLAGS.seed, **lengths)
+                                  seed=FLAGS.seed, **common)
   reading = []
   for i in range(1, FLAGS.reading_worlds + 1):
     other = synthetic_world.write_world(make_world(FLAGS.seed + i, FLAGS.seed),
@@ -88,7 +88,7 @@ def prepare_data(out: str):
     reading.append(pipeline.prepare_all(
         other["articles"], files["vocab"], os.path.join(out, f"reading_data_{i}"),
         patterns_file=other["patterns"], eval_fraction=0.02, seed=FLAGS.seed + i,
-        **lengths)["dirs"])
+        **common)["dirs"])
   return world, files, prepared, reading
 
 

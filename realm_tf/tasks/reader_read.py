@@ -30,7 +30,7 @@ from realm_tf import modeling
 from realm_tf.tasks import losses
 from realm_tf.tasks import retrieval_inputs
 from realm_tf.tasks.reader_mlm import ReaderModel
-from realm_tf.tasks.realm_model import tower_inputs
+from realm_tf.tasks.realm_model import read_candidates
 
 READER_FEATURES = ("reader_word_ids", "reader_mask", "reader_type_ids", "mlm_positions",
                    "mlm_ids", "mlm_weights")
@@ -70,10 +70,10 @@ def answer_block_candidates(blocks: List[Dict], examples: Dict[str, np.ndarray],
   scores[uids[None, :] == source[:, None]] = -np.inf
   bodies = [_words(b["body"]) for b in blocks]
   answers = [_words(a.decode() if isinstance(a, bytes) else a) for a in examples["answer"]]
-  holds = np.array([[a in body for body in bodies] for a in answers])
-  best = np.argmax(np.where(holds & np.isfinite(scores), scores, -np.inf), axis=1)
+  holds = np.array([[a in body for body in bodies] for a in answers]) & np.isfinite(scores)
+  best = np.argmax(np.where(holds, scores, -np.inf), axis=1)
   fallback = np.argmax(scores, axis=1)
-  found = (holds & np.isfinite(scores)).any(axis=1)
+  found = holds.any(axis=1)
   candidates = np.stack([np.full(len(answers), len(blocks)), np.where(found, best, fallback)],
                         axis=1).astype(np.int32)
   return candidates, found
@@ -142,12 +142,8 @@ class ReaderReadTask(base_task.Task):
     return ds.batch(batch_size, drop_remainder=params.is_training).prefetch(2)
 
   def train_step(self, inputs, model, optimizer, metrics=None):
-    k = inputs["reader_word_ids"].shape[1]
     with tf.GradientTape() as tape:
-      positions = tf.repeat(inputs["mlm_positions"], k, axis=0)
-      logits = model.reader(dict(tower_inputs(inputs, "reader"), masked_lm_positions=positions),
-                            training=True)["mlm_logits"]
-      logits = tf.reshape(logits, [-1, k, positions.shape[-1], logits.shape[-1]])
+      logits = read_candidates(model.reader, inputs, training=True)
       uniform = tf.zeros(tf.shape(logits)[:2])
       m = losses.realm_metrics(uniform, logits, inputs["mlm_ids"], inputs["mlm_weights"])
       local = tf.reduce_sum(m["num_tokens"])

@@ -41,21 +41,30 @@ class RealmPretrainer(tf_keras.Model):
                 reader=self.reader)
 
   def call(self, features, training=None):
-    query = self.query_embedder(tower_inputs(features, "query"), training=training)  # [b, d]
+    query = self.query_embedder(_tower_inputs(features, "query"), training=training)  # [b, d]
     batch = tf.shape(features["candidate_word_ids"])[0]
     k = features["candidate_word_ids"].shape[1]
-    blocks = self.block_embedder(tower_inputs(features, "candidate"), training=training)
+    blocks = self.block_embedder(_tower_inputs(features, "candidate"), training=training)
     blocks = tf.reshape(blocks, [batch, k, -1])                                       # [b, k, d]
     retrieval_logits = tf.einsum("bd,bkd->bk", query, blocks)
-
-    positions = tf.repeat(features["mlm_positions"], k, axis=0)                       # [b*k, m]
-    reader_inputs = dict(tower_inputs(features, "reader"), masked_lm_positions=positions)
-    mlm_logits = self.reader(reader_inputs, training=training)["mlm_logits"]          # [b*k, m, V]
-    mlm_logits = tf.reshape(mlm_logits, [batch, k, positions.shape[-1], mlm_logits.shape[-1]])
-    return dict(retrieval_logits=retrieval_logits, mlm_logits=mlm_logits)
+    return dict(retrieval_logits=retrieval_logits,
+                mlm_logits=read_candidates(self.reader, features, training))
 
 
-def tower_inputs(features, prefix):
+def read_candidates(reader, features, training=None):
+  """The reader's MLM logits ``[b, k, m, vocab]`` for each of the k candidates.
+
+  ``features``: ``reader_word_ids``/``reader_mask``/``reader_type_ids`` ``[b, k, Lr]`` and
+  ``mlm_positions`` ``[b, m]`` (positions in the query, which starts every reader input).
+  """
+  k = features["reader_word_ids"].shape[1]
+  positions = tf.repeat(features["mlm_positions"], k, axis=0)                         # [b*k, m]
+  inputs = dict(_tower_inputs(features, "reader"), masked_lm_positions=positions)
+  logits = reader(inputs, training=training)["mlm_logits"]                            # [b*k, m, V]
+  return tf.reshape(logits, [-1, k, positions.shape[-1], logits.shape[-1]])
+
+
+def _tower_inputs(features, prefix):
   """``{prefix}_word_ids`` etc. -> a BERT input dict, flattened to ``[-1, seq_len]``."""
   return {f"input_{n}": tf.reshape(features[f"{prefix}_{n}"],
                                    [-1, features[f"{prefix}_{n}"].shape[-1]])
