@@ -33,7 +33,7 @@ setuptools.setup(
     entry_points={
         "console_scripts": [
             "realm-convert=realm_tf.binaries.convert:run",
-            "realm-demo=realm_tf.binaries.demo:run",
+            "realm-demo=experiments.demo:run",
             "realm-index=realm_tf.binaries.index:run",
             "realm-refresh=realm_tf.binaries.refresh:run",
             "realm-train=realm_tf.binaries.train:run",

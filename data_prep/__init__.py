@@ -11,5 +11,9 @@ Modules (each pipeline has a command line, ``python -m data_prep.<module> --help
 * ``open_qa``: NQ-open, WebQuestions, CuratedTrec -> ``<dataset>-<split>.jsonl``;
 * ``synthetic_world``: the small invented encyclopedia that the demo and the tests use;
 * ``pipeline``: :func:`data_prep.pipeline.prepare_all` runs the corpus steps in order;
-* ``schema``: the on-disk contracts (feature specs, readers) that the index and trainer use.
+* ``cli``: the command lines' shared flags and one-line errors.
+
+The on-disk formats they write (file names, features, manifests, readers) are defined once, in
+``realm_tf.data.contract``, which the index, the trainers and the evaluation read through.
+``data_prep`` imports ``realm_tf``, never the other way round.
 """

@@ -21,7 +21,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 import tensorflow as tf
 
-MANIFEST = "manifest.json"
+from realm_tf.data import contract
+
+MANIFEST = contract.MANIFEST
 STATS_FILE = "_stats.json"
 
 
@@ -110,21 +112,6 @@ def write_json(path: str, obj) -> None:
   with tf.io.gfile.GFile(tmp, "w") as f:
     f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
   tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
-def read_json(path: str):
-  with tf.io.gfile.GFile(path, "r") as f:
-    return json.load(f)
-
-
-def list_shards(directory: str, prefix: str, suffix: str) -> List[str]:
-  """Sorted ``prefix-SSSSS-of-NNNNN<suffix>`` files in ``directory``."""
-  if not tf.io.gfile.isdir(directory):
-    return []
-  return sorted(
-      os.path.join(directory, f) for f in tf.io.gfile.listdir(directory)
-      if f.startswith(prefix + "-") and f.endswith(suffix) and "-of-" in f)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,10 +222,6 @@ def _stable_hash(key) -> int:
   return int.from_bytes(hashlib.sha1(repr(key).encode("utf-8")).digest()[:8], "big")
 
 
-def shard_path(prefix: str, index: int, num_shards: int, suffix: str) -> str:
-  return f"{prefix}-{index:05d}-of-{num_shards:05d}{suffix}"
-
-
 class WriteTFRecordShards(beam.PTransform):
   """``(sort_key, serialized_bytes)`` -> ``<prefix>-SSSSS-of-NNNNN<suffix>`` TFRecord files.
 
@@ -268,7 +251,7 @@ class WriteTFRecordShards(beam.PTransform):
     def write(kv, num_shards):
       index, items = kv
       items = sorted(items, key=lambda kv: kv[0])
-      path = shard_path(prefix, index, num_shards, suffix)
+      path = contract.shard_name(prefix, index, num_shards, suffix)
       with tf.io.TFRecordWriter(path) as writer:
         for _, record in items:
           writer.write(record)
@@ -298,9 +281,10 @@ def fill_missing_shards(directory: str, prefix: str, suffix: str = ".tfrecord") 
   have = {int(m.group(1)) for m in found}
   for i in range(total):
     if i not in have:
-      with tf.io.TFRecordWriter(shard_path(os.path.join(directory, prefix), i, total, suffix)):
+      with tf.io.TFRecordWriter(
+          contract.shard_name(os.path.join(directory, prefix), i, total, suffix)):
         pass
-  return list_shards(directory, prefix, suffix)
+  return contract.shard_files(directory, prefix, suffix)
 
 
 def _read_tfrecord_file(path: str):
@@ -309,16 +293,18 @@ def _read_tfrecord_file(path: str):
 
 
 class ReadTFRecordFiles(beam.PTransform):
-  """Serialized records of TFRecord files (a glob), read with TensorFlow's reader (see above)."""
+  """Serialized records of TFRecord files, read with TensorFlow's reader (see above).
 
-  def __init__(self, pattern: str):
+  ``files``: e.g. ``contract.block_shard_files(blocks_dir)``.
+  """
+
+  def __init__(self, files: Sequence[str]):
     super().__init__()
-    self._pattern = pattern
+    self._files = list(files)
 
   def expand(self, pbegin):
-    files = sorted(tf.io.gfile.glob(self._pattern))
-    if not files:
-      raise FileNotFoundError(f"no TFRecord files match {self._pattern}")
-    return (pbegin | "Files" >> beam.Create(files)
+    if not self._files:
+      raise ValueError("ReadTFRecordFiles needs at least one file")
+    return (pbegin | "Files" >> beam.Create(self._files)
             | "Read" >> beam.FlatMap(_read_tfrecord_file).with_output_types(bytes)
             | "Distribute" >> beam.Reshuffle())

@@ -16,35 +16,37 @@ Block ids are dense, ``0..n-1``, in the order (title, SHA1 of the article text, 
 block in the article), so they are the same on every run and every runner. Exact duplicate
 articles (same title and text) are kept once and counted.
 
-Command line::
+Command line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.blocks --input enwiki.xml.bz2 --vocab_file vocab.txt \\
-      --output_dir /data/blocks [--runner DataflowRunner --project ... ]
+      --output_dir /data/blocks [--nolower_case] [--keep_list_pages] [--num_shards 0]
 
-Output: see ``data_prep.schema`` (``blocks-*.tfrecord`` + ``manifest.json``).
+Output: a blocks directory as ``realm_tf.data.contract`` defines it (``blocks-*.tfrecord`` +
+``manifest.json``).
 """
 
-import argparse
 import json
 import logging
 import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from absl import flags
 import apache_beam as beam
 import tensorflow as tf
 
 from data_prep import beam_utils
-from data_prep import schema
+from data_prep import cli
 from data_prep import text as text_lib
 from data_prep import wiki
+from realm_tf.data import contract
 
 _WORD = re.compile(r"\S+")
 MIN_BODY_BUDGET = 16
 
 
-class InputError(ValueError):
-  """The corpus input cannot be used (missing, unknown format, nothing readable)."""
+class InputError(contract.DataError):
+  """The corpus input cannot be used (unknown format, nothing readable)."""
 
 
 # ----------------------------------------------------------------------------------- input --
@@ -208,24 +210,6 @@ def doc_key(title: str, text: str) -> str:
   return f"{title}\x00{text_lib.sha1_hex(text)}"
 
 
-def block_example(block: Dict) -> bytes:
-  """A block dict (``block_id, uid, title, body, token_ids``) -> serialized tf.Example."""
-  def b(v):
-    return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v.encode("utf-8")]))
-
-  def i(vs):
-    return tf.train.Feature(int64_list=tf.train.Int64List(value=vs))
-
-  return tf.train.Example(features=tf.train.Features(feature={
-      "block_id": i([block["block_id"]]),
-      "uid": b(block["uid"]),
-      "title": b(block["title"]),
-      "doc_title": b(block["title"]),
-      "body": b(block["body"]),
-      "token_ids": i(block["token_ids"]),
-  })).SerializeToString()
-
-
 # ---------------------------------------------------------------------------------- DoFns --
 
 @beam.typehints.with_output_types(Tuple[str, Any])
@@ -301,7 +285,7 @@ def _assign_ids(kv, offsets):
   key, doc = kv
   first = offsets[key]
   for i, (body, token_ids) in enumerate(zip(doc["bodies"], doc["token_ids"])):
-    yield {"block_id": first + i, "uid": text_lib.document_uid(doc["title"], body),
+    yield {"block_id": first + i, "uid": contract.block_uid(doc["title"], body),
            "title": doc["title"], "body": body, "token_ids": token_ids}
 
 
@@ -310,7 +294,7 @@ def _fingerprint(id_uids: List[Tuple[int, str]]) -> Dict:
   if [i for i, _ in id_uids] != list(range(len(id_uids))):
     raise AssertionError("block ids are not dense")
   return {"num_blocks": len(id_uids),
-          "fingerprint": schema.blocks_fingerprint(u for _, u in id_uids)}
+          "fingerprint": contract.corpus_fingerprint(u for _, u in id_uids)}
 
 
 def _read_tfds(p, name_split: str):
@@ -355,9 +339,10 @@ def build_blocks_pipeline(p, input_spec: str, vocab_file: str, tmp_dir: str,
              | "AllDocSizes" >> beam.combiners.ToList() | "Offsets" >> beam.Map(_offsets))
   blocks = unique.docs | "AssignIds" >> beam.FlatMap(
       _assign_ids, offsets=beam.pvalue.AsSingleton(offsets))
-  _ = (blocks | "ToExample" >> beam.Map(lambda b: (b["block_id"], block_example(b)))
+  _ = (blocks | "ToExample" >> beam.Map(lambda b: (b["block_id"], contract.serialize_block(
+           b["block_id"], b["uid"], b["title"], b["body"], b["token_ids"])))
        | "WriteBlocks" >> beam_utils.WriteTFRecordShards(
-           os.path.join(tmp_dir, schema.BLOCKS_PREFIX), schema.TFRECORD_SUFFIX, num_shards))
+           os.path.join(tmp_dir, contract.BLOCKS_PREFIX), contract.TFRECORD_SUFFIX, num_shards))
   fingerprint = (blocks | "IdUid" >> beam.Map(lambda b: (b["block_id"], b["uid"]))
                  | "AllIdUids" >> beam.combiners.ToList() | "Fingerprint" >> beam.Map(_fingerprint))
   _ = ((docs[beam_utils.STATS_TAG], unique[beam_utils.STATS_TAG])
@@ -382,12 +367,12 @@ def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bo
     if num_blocks == 0:
       raise InputError(f"no blocks from {input_spec}: every record was dropped or skipped "
                        f"({counts}); nothing written to {output_dir}")
-    shards = beam_utils.fill_missing_shards(tmp, schema.BLOCKS_PREFIX, schema.TFRECORD_SUFFIX)
+    shards = beam_utils.fill_missing_shards(tmp, contract.BLOCKS_PREFIX, contract.TFRECORD_SUFFIX)
     manifest = {
         "num_blocks": num_blocks,
         "num_documents": counts.get("articles_kept", 0) - counts.get("drop:duplicate_article", 0),
         "vocab_file": os.path.abspath(vocab_file) if "://" not in vocab_file else vocab_file,
-        "vocab_sha1": text_lib.file_sha1(vocab_file),
+        "vocab_sha1": contract.file_sha1(vocab_file),
         "lower_case": lower_case,
         "block_seq_length": block_seq_length,
         "fingerprint": stats["blocks"]["fingerprint"],
@@ -397,38 +382,39 @@ def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bo
         "block_order": "title, sha1(article text), position in article",
         "counts": counts,
     }
-    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
   skipped = {k: v for k, v in counts.items() if k.startswith(("skip:", "drop:"))}
   logging.info("blocks: %d blocks from %d articles -> %s (dropped/skipped: %s)", num_blocks,
                manifest["num_documents"], output_dir, skipped)
   return manifest
 
 
-def add_common_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--vocab_file", required=True, help="WordPiece vocabulary file.")
-  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction,
-                      help="Lower-case before WordPiece (uncased BERT vocab).")
+def define_list_pages_flag() -> None:
+  """``--[no]keep_list_pages`` (also ``data_prep.pipeline``'s)."""
+  flags.DEFINE_bool("keep_list_pages", False,
+                    "Keep list/index/outline/disambiguation pages (ORQA drops them).")
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description=__doc__.split("\n\n")[0],
-      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
-  parser.add_argument("--input", required=True,
-                      help="XML dump(s), JSON lines file(s) (comma list or glob) or tfds:NAME[:SPLIT].")
-  parser.add_argument("--output_dir", required=True)
-  add_common_flags(parser)
-  parser.add_argument("--block_seq_length", type=int, default=288)
-  parser.add_argument("--keep_list_pages", action="store_true",
-                      help="Keep list/index/outline/disambiguation pages (ORQA drops them).")
-  parser.add_argument("--num_shards", type=int, default=0, help="0: the runner decides.")
-  args, pipeline_args = parser.parse_known_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  manifest = run_blocks(args.input, args.vocab_file, args.output_dir, args.lower_case,
-                        args.block_seq_length, not args.keep_list_pages, args.num_shards,
-                        pipeline_args)
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("input", None, "XML dump(s), JSON lines file(s) (comma list or glob) or "
+                      "tfds:NAME[:SPLIT].")
+  flags.DEFINE_string("output_dir", None, "The blocks directory to write.")
+  cli.define_vocab_flags()
+  flags.DEFINE_integer("block_seq_length", contract.BLOCK_SEQ_LENGTH,
+                       "Wordpieces per block, [CLS] title [SEP] body [SEP] included.")
+  define_list_pages_flag()
+  cli.define_num_shards()
+  flags.mark_flags_as_required(["input", "output_dir"])
+  flags.adopt_module_key_flags(cli)  # The shared flags show in --help too.
+
+
+def main(argv):
+  f = flags.FLAGS
+  manifest = run_blocks(f.input, f.vocab_file, f.output_dir, f.lower_case, f.block_seq_length,
+                        not f.keep_list_pages, f.num_shards, pipeline_args=argv[1:])
   print(json.dumps({k: manifest[k] for k in ("num_blocks", "num_documents", "fingerprint")}))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags, extra_errors=(wiki.DumpFormatError,))

@@ -6,29 +6,29 @@ For every sentence of every block with at least two sentences: the sentence is t
 with probability ``--remove_prob`` (0.9, as in ORQA), decided by a seeded RNG per (block uid,
 sentence index). One-sentence blocks give no example (``skip:single_sentence_block``): the
 query would be the whole block. The eval split holds out whole blocks by the same hash rule as
-the pre-training examples. Features: ``data_prep.schema.ict_features``.
+the pre-training examples. Features: ``realm_tf.data.contract.ict_features``.
 
-Command line::
+Command line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.ict_examples --blocks_dir /data/blocks --vocab_file vocab.txt \\
       --output_dir /data/ict
 """
 
-import argparse
 import json
 import logging
 import os
 import random
 from typing import Dict, List, Optional, Sequence
 
+from absl import flags
 import apache_beam as beam
 import tensorflow as tf
 
 from data_prep import beam_utils
+from data_prep import cli
 from data_prep import pretrain_examples
-from data_prep import salient_spans
-from data_prep import schema
 from data_prep import text as text_lib
+from realm_tf.data import contract
 
 
 def ict_pairs(block: Dict, sentences, remove_prob: float, seed: int) -> List[Dict]:
@@ -61,7 +61,7 @@ class BuildIctFn(beam.DoFn):
     self._progress = beam_utils.ProgressLogger("ICT blocks", every=5000)
 
   def process(self, batch):
-    blocks = [salient_spans.parse_block(s) for s in batch]
+    blocks = [contract.parse_block(s) for s in batch]
     spans = text_lib.batch_sentence_spans([b["body"] for b in blocks])
     rows = []
     for block, sents in zip(blocks, spans):
@@ -101,28 +101,28 @@ def run_ict_examples(blocks_dir: str, vocab_file: str, output_dir: str, lower_ca
   """Runs the ICT pipeline; writes ``output_dir`` atomically; returns the manifest."""
   from realm_tf.tokenization import load_vocab
   load_vocab(vocab_file)
-  blocks_manifest = schema.load_manifest(blocks_dir)
+  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+  files = contract.block_shard_files(blocks_dir, blocks_manifest)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     def build(p):
-      out = (p | "ReadBlocks" >> beam_utils.ReadTFRecordFiles(
-                 os.path.join(blocks_dir, "blocks-*.tfrecord"))
+      out = (p | "ReadBlocks" >> beam_utils.ReadTFRecordFiles(files)
              | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=128)
              | "ICT" >> beam.ParDo(BuildIctFn(
                  vocab_file, lower_case, query_seq_length, block_seq_length, remove_prob, seed,
                  eval_fraction)).with_outputs(
-                     beam_utils.STATS_TAG, schema.TRAIN_SPLIT, schema.EVAL_SPLIT))
-      for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
+                     beam_utils.STATS_TAG, contract.TRAIN_SPLIT, contract.EVAL_SPLIT))
+      for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
         _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
-            os.path.join(tmp, split), schema.TFRECORD_SUFFIX, num_shards)
+            os.path.join(tmp, split), contract.TFRECORD_SUFFIX, num_shards)
       _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
     beam_utils.run_pipeline(build, pipeline_args, "ict_examples")
     counts = beam_utils.pop_stats(tmp)["counts"]
-    for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
-      beam_utils.fill_missing_shards(tmp, split, schema.TFRECORD_SUFFIX)
+    for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
+      beam_utils.fill_missing_shards(tmp, split, contract.TFRECORD_SUFFIX)
     manifest = {
         "kind": "ict",
-        "num_train": counts.get(f"examples:{schema.TRAIN_SPLIT}", 0),
-        "num_eval": counts.get(f"examples:{schema.EVAL_SPLIT}", 0),
+        "num_train": counts.get(f"examples:{contract.TRAIN_SPLIT}", 0),
+        "num_eval": counts.get(f"examples:{contract.EVAL_SPLIT}", 0),
         "num_sentence_removed": counts.get("sentence_removed", 0),
         "remove_prob": remove_prob,
         "eval_fraction": eval_fraction,
@@ -137,34 +137,33 @@ def run_ict_examples(blocks_dir: str, vocab_file: str, output_dir: str, lower_ca
         "counts": counts,
     }
     if manifest["num_train"] == 0:
-      raise ValueError(f"no ICT examples from {blocks_dir} ({counts}); nothing written")
-    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+      raise contract.DataError(f"no ICT examples from {blocks_dir} ({counts}); nothing written")
+    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
   logging.info("ICT examples: %d train, %d eval -> %s", manifest["num_train"],
                manifest["num_eval"], output_dir)
   return manifest
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description="Inverse Cloze Task examples from a blocks directory.",
-      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
-  parser.add_argument("--blocks_dir", required=True)
-  parser.add_argument("--output_dir", required=True)
-  parser.add_argument("--vocab_file", required=True)
-  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction)
-  parser.add_argument("--query_seq_length", type=int, default=96)
-  parser.add_argument("--block_seq_length", type=int, default=288)
-  parser.add_argument("--remove_prob", type=float, default=0.9)
-  parser.add_argument("--eval_fraction", type=float, default=0.02)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--num_shards", type=int, default=0)
-  args, pipeline_args = parser.parse_known_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  m = run_ict_examples(args.blocks_dir, args.vocab_file, args.output_dir, args.lower_case,
-                       args.query_seq_length, args.block_seq_length, args.remove_prob,
-                       args.eval_fraction, args.seed, args.num_shards, pipeline_args)
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("blocks_dir", None, "The blocks directory.")
+  flags.DEFINE_string("output_dir", None, "The ICT examples directory to write.")
+  cli.define_vocab_flags()
+  flags.DEFINE_integer("block_seq_length", contract.BLOCK_SEQ_LENGTH, "Wordpieces per block.")
+  flags.DEFINE_float("remove_prob", 0.9,
+                     "Probability that the query sentence is cut out of its block.")
+  cli.define_example_flags()
+  flags.mark_flags_as_required(["blocks_dir", "output_dir"])
+  flags.adopt_module_key_flags(cli)  # The shared flags show in --help too.
+
+
+def main(argv):
+  f = flags.FLAGS
+  m = run_ict_examples(f.blocks_dir, f.vocab_file, f.output_dir, f.lower_case,
+                       f.query_seq_length, f.block_seq_length, f.remove_prob, f.eval_fraction,
+                       f.seed, f.num_shards, pipeline_args=argv[1:])
   print(json.dumps({k: m[k] for k in ("num_train", "num_eval", "num_sentence_removed")}))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags)

@@ -25,7 +25,6 @@ Command line::
       --ct_train .../CuratedTrec-train.txt --ct_test .../CuratedTrec-test.txt
 """
 
-import argparse
 import hashlib
 import json
 import logging
@@ -33,14 +32,19 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional
 
+from absl import app
+from absl import flags
 import tensorflow as tf
 
 from data_prep import beam_utils
+from data_prep import cli
+from realm_tf.data import contract
 
 DEV_MODULUS = 10
+SOURCE_FLAGS = ("nq_train", "nq_dev", "wq_train", "wq_test", "ct_train", "ct_test")
 
 
-class QAFormatError(ValueError):
+class QAFormatError(contract.DataError):
   """A QA file has a malformed record; the message names the file and line."""
 
 
@@ -158,21 +162,30 @@ def default_sources(data_dir: str) -> Dict[str, str]:
           if tf.io.gfile.exists(os.path.join(data_dir, v))}
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description="Convert Open-QA sets to JSON lines.")
-  parser.add_argument("--output_dir", required=True)
-  parser.add_argument("--data_dir", default=None,
-                      help="Take every known file found under this directory (shared/data).")
-  for flag in ("nq_train", "nq_dev", "wq_train", "wq_test", "ct_train", "ct_test"):
-    parser.add_argument(f"--{flag}", default=None)
-  args = parser.parse_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  sources = default_sources(args.data_dir) if args.data_dir else {}
-  for flag in ("nq_train", "nq_dev", "wq_train", "wq_test", "ct_train", "ct_test"):
-    if getattr(args, flag):
-      sources[flag] = getattr(args, flag)
-  print(json.dumps(convert(args.output_dir, **sources), sort_keys=True))
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("output_dir", None, "Where the <dataset>-<split>.jsonl files go.")
+  flags.DEFINE_string("data_dir", None,
+                      "Take every known file found under this directory (shared/data).")
+  for name in SOURCE_FLAGS:
+    flags.DEFINE_string(name, None, f"The {name} file (overrides --data_dir's).")
+  flags.mark_flag_as_required("output_dir")
+
+
+def main(argv):
+  del argv  # No positional arguments (checked by cli.run).
+  f = flags.FLAGS
+  sources = {}
+  if f.data_dir:
+    if not tf.io.gfile.isdir(f.data_dir):
+      raise contract.MissingDataError(f"directory not found: {f.data_dir}")
+    sources = default_sources(f.data_dir)
+  sources.update({name: getattr(f, name) for name in SOURCE_FLAGS if getattr(f, name)})
+  if not sources:
+    raise app.UsageError("no QA input files: give --data_dir or some of "
+                         + ", ".join(f"--{name}" for name in SOURCE_FLAGS))
+  print(json.dumps(convert(f.output_dir, **sources), sort_keys=True))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags, beam=False)

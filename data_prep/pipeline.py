@@ -7,23 +7,27 @@
   output_dir/pretrain/    train-*.tfrecord, eval-*.tfrecord + manifest.json
   output_dir/ict/         train-*.tfrecord, eval-*.tfrecord + manifest.json
 
-Each step writes its directory atomically. Command line::
+Each step writes its directory atomically. Command line (other flags are Beam pipeline
+options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.pipeline --corpus world/articles.jsonl --vocab_file world/vocab.txt \\
       --output_dir /tmp/prepared --patterns_file world/entity_patterns.jsonl
 """
 
-import argparse
 import json
 import logging
 import os
 import time
 from typing import Dict, Optional, Sequence
 
+from absl import flags
+
 from data_prep import blocks
+from data_prep import cli
 from data_prep import ict_examples
 from data_prep import pretrain_examples
 from data_prep import salient_spans
+from data_prep import wiki
 
 
 def prepare_all(corpus_jsonl_or_xml: str, vocab_file: str, output_dir: str,
@@ -53,28 +57,26 @@ def prepare_all(corpus_jsonl_or_xml: str, vocab_file: str, output_dir: str,
   return out
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description="Run blocks -> salient spans -> pre-training examples -> ICT examples.",
-      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
-  parser.add_argument("--corpus", required=True, help="XML dump, JSON lines or tfds:NAME[:SPLIT].")
-  parser.add_argument("--vocab_file", required=True)
-  parser.add_argument("--output_dir", required=True)
-  parser.add_argument("--masking", default="salient", choices=pretrain_examples.MASKINGS)
-  parser.add_argument("--spacy_model", default="auto")
-  parser.add_argument("--patterns_file", default=None)
-  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction)
-  parser.add_argument("--examples_per_sentence", type=int, default=1)
-  parser.add_argument("--eval_fraction", type=float, default=0.02)
-  parser.add_argument("--keep_list_pages", action="store_true")
-  parser.add_argument("--seed", type=int, default=0)
-  args, pipeline_args = parser.parse_known_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  out = prepare_all(args.corpus, args.vocab_file, args.output_dir, args.masking, args.spacy_model,
-                    args.patterns_file, args.lower_case,
-                    examples_per_sentence=args.examples_per_sentence,
-                    eval_fraction=args.eval_fraction, drop_list_pages=not args.keep_list_pages,
-                    seed=args.seed, pipeline_args=pipeline_args)
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("corpus", None, "XML dump, JSON lines or tfds:NAME[:SPLIT].")
+  flags.DEFINE_string("output_dir", None, "Where blocks/, sentences/, pretrain/, ict/ go.")
+  cli.define_vocab_flags()
+  blocks.define_list_pages_flag()
+  salient_spans.define_annotator_flags()
+  pretrain_examples.define_masking_flags()
+  cli.define_split_flags()
+  flags.mark_flags_as_required(["corpus", "output_dir"])
+  for module in (cli, blocks, salient_spans, pretrain_examples):
+    flags.adopt_module_key_flags(module)  # Their flags show in --help too.
+
+
+def main(argv):
+  f = flags.FLAGS
+  out = prepare_all(f.corpus, f.vocab_file, f.output_dir, f.masking, f.spacy_model,
+                    f.patterns_file, f.lower_case, examples_per_sentence=f.examples_per_sentence,
+                    eval_fraction=f.eval_fraction, drop_list_pages=not f.keep_list_pages,
+                    seed=f.seed, pipeline_args=argv[1:])
   print(json.dumps({"blocks": out["blocks"]["num_blocks"],
                     "sentences": out["sentences"]["num_sentences"],
                     "pretrain_train": out["pretrain"]["num_train"],
@@ -82,4 +84,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags, extra_errors=(wiki.DumpFormatError,))

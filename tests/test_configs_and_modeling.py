@@ -10,7 +10,7 @@ from official.modeling import hyperparams
 from realm_tf import configs
 from realm_tf import modeling
 
-EXPERIMENTS = ["realm_pretrain_paper", "realm_pretrain_cpu", "ict_paper", "ict_cpu"]
+EXPERIMENTS = list(configs.EXPERIMENTS)
 
 
 def tiny_inputs(batch=2, length=12, vocab=60):

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from data_prep import pipeline
 from data_prep import salient_spans
-from data_prep import schema
 from data_prep import synthetic_world
+from realm_tf.data import contract
 from realm_tf.tokenization import RealmTokenizer
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -102,7 +102,7 @@ def prepared(tmp_path_factory):
 def test_prepare_all_outputs(prepared):
   world, paths, out = prepared
   dirs = out["dirs"]
-  blocks = schema.read_blocks(dirs["blocks"])
+  blocks = contract.read_blocks(dirs["blocks"])
   assert len(blocks) == len(world.articles) == out["blocks"]["num_blocks"]
   fp = out["blocks"]["fingerprint"]
   assert out["sentences"]["blocks_fingerprint"] == fp
@@ -110,13 +110,13 @@ def test_prepare_all_outputs(prepared):
   by_id = {b["block_id"]: b for b in blocks}
   tok = RealmTokenizer(paths["vocab"])
   names = {p["pattern"] for p in world.patterns}
-  sentences = list(schema.read_sentences(dirs["sentences"]))
+  sentences = list(contract.read_sentences(dirs["sentences"]))
   for s in sentences:
     body = by_id[s["block_id"]]["body"].encode("utf-8")
     assert body[s["sentence_byte_start"]:s["sentence_byte_limit"]].decode() == s["sentence"]
     for sp in s["spans"]:
       assert 0 <= sp["span_byte_start"] < sp["span_byte_limit"] <= len(s["sentence"].encode())
-  examples = schema.read_examples(dirs["pretrain"], "train") + schema.read_examples(
+  examples = contract.read_examples(dirs["pretrain"], "train") + contract.read_examples(
       dirs["pretrain"], "eval")
   assert len(examples) == out["pretrain"]["num_train"] + out["pretrain"]["num_eval"]
   assert out["pretrain"]["num_eval"] > 0
@@ -129,8 +129,8 @@ def test_prepare_all_outputs(prepared):
     n = int(sum(ex["mlm_weights"]))
     assert ex["mlm_ids"][:n] == tok.tokenize([answer])[0].numpy().tolist()
     assert [ex["query_ids"][p] for p in ex["mlm_positions"][:n]] == [tok.mask_id] * n
-  ds = schema.make_dataset(dirs["pretrain"], "train", schema.parse_pretrain_example,
-                           with_host_features=False).batch(4)
+  ds = contract.make_dataset(dirs["pretrain"], "train", contract.parse_pretrain_example,
+                             with_host_features=False).batch(4)
   batch = next(iter(ds))
   assert batch["query_ids"].dtype == tf.int32 and batch["query_ids"].shape == (4, 96)
   assert batch["mlm_positions"].shape == (4, 10) and batch["mlm_weights"].dtype == tf.float32
@@ -138,7 +138,7 @@ def test_prepare_all_outputs(prepared):
 
 def test_ict_outputs(prepared):
   _, paths, out = prepared
-  ds = schema.make_dataset(out["dirs"]["ict"], "train", schema.parse_ict_example)
+  ds = contract.make_dataset(out["dirs"]["ict"], "train", contract.parse_ict_example)
   removed = []
   tok = RealmTokenizer(paths["vocab"])
   for ex in ds.take(200):

@@ -8,7 +8,7 @@ import sys
 def test_demo_runs_every_stage(tmp_path):
   out = tmp_path / "demo"
   proc = subprocess.run(
-      [sys.executable, "-m", "realm_tf.binaries.demo", f"--output_dir={out}",
+      [sys.executable, "-m", "experiments.demo", f"--output_dir={out}",
        "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4", "--ict_steps=4",
        "--realm_steps=6", "--refresh_every=3"],
       capture_output=True, text=True, timeout=900, check=False)

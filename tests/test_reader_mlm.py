@@ -67,9 +67,11 @@ class TrainStepTest(tf.test.TestCase):
     logits = model.reader(inputs)["mlm_logits"].numpy().astype(np.float64)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     want = -(np.take_along_axis(logp, labels[..., None], -1)[..., 0] * weights).sum() / 6
-    sums = task.train_step(inputs, model, tf_keras.optimizers.SGD(0.0))
-    self.assertAllClose(sums["loss"], want, rtol=1e-5)
-    self.assertEqual(float(sums["tokens"]), 6.0)
+    metrics = task.build_metrics(training=True)
+    logs = task.train_step(inputs, model, tf_keras.optimizers.SGD(0.0), metrics)
+    self.assertAllClose(logs["loss"], want, rtol=1e-5)
+    accuracy, = metrics
+    self.assertEqual(float(accuracy.count), 6.0)   # the real masked tokens
 
 
 if __name__ == "__main__":

@@ -74,14 +74,16 @@ def test_loss_is_the_uniform_marginal_over_null_and_reading_block():
   marginal = np.log(0.5 * np.exp(token[:, 0]) + 0.5 * np.exp(token[:, 1]))
   want_loss = -(marginal * weights).sum() / weights.sum()
   want_gain = ((token[:, 1] - token[:, 0]) * weights).sum()
-  sums = task.train_step(inputs, model, tf_keras.optimizers.SGD(0.0))
-  np.testing.assert_allclose(sums["loss"], want_loss, rtol=1e-5)
-  np.testing.assert_allclose(sums["reading_gain"], want_gain, rtol=1e-4, atol=1e-5)
-  assert float(sums["tokens"]) == 6.0
+  metrics = task.build_metrics(training=True)
+  logs = task.train_step(inputs, model, tf_keras.optimizers.SGD(0.0), metrics)
+  np.testing.assert_allclose(logs["loss"], want_loss, rtol=1e-5)
+  accuracy, gain = metrics
+  np.testing.assert_allclose(gain.result(), want_gain / b, rtol=1e-4, atol=1e-5)  # per span
+  assert float(accuracy.count) == 6.0   # the real masked tokens
 
 
 def test_one_blocks_dir_per_corpus():
   task = reader_read.ReaderReadTask(configs.ReaderReadTaskConfig())
-  data = configs.RealmDataConfig(input_path="a/train-*,b/train-*", blocks_dir="a/blocks")
+  data = configs.ReadingDataConfig(input_path=["a/train-*", "b/train-*"], blocks_dir=["a/blocks"])
   with pytest.raises(configs.ConfigError, match="2 input paths but 1 blocks dirs"):
     task.build_inputs(data)

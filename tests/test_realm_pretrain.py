@@ -5,11 +5,15 @@ import hashlib
 import numpy as np
 import tensorflow as tf
 
+import tf_keras
+
 from realm_tf import configs
-from realm_tf.tasks import losses
+from realm_tf import train_lib
+from realm_tf.data.loaders import InputError
+from realm_tf.modeling import losses
+from realm_tf.modeling.models import RealmPretrainer, tower_inputs
+from realm_tf.retrieval import candidates as retrieval_inputs
 from realm_tf.tasks import realm_pretrain
-from realm_tf.tasks import retrieval_inputs
-from realm_tf.tasks.realm_model import RealmPretrainer
 
 VOCAB, CLS, SEP, MASK = 40, 2, 3, 4
 K, M, LQ, LB, LR = 4, 3, 10, 12, 20
@@ -190,7 +194,7 @@ class MarginalLossTest(tf.test.TestCase):
 
   def test_query_length_mismatch_is_clear(self):
     bad = dict(self.examples, query_ids=np.zeros([5, LQ + 4], np.int64))
-    with self.assertRaisesRegex(retrieval_inputs.InputError, "query length 14 but the model"):
+    with self.assertRaisesRegex(InputError, "query length 14 but the model"):
       self.builder.features(bad)
 
   def test_mirrored_strategy_matches_default(self):
@@ -201,21 +205,45 @@ class MarginalLossTest(tf.test.TestCase):
       mirrored = RealmPretrainer.from_config_dataclass(self.config)
       mirrored.set_weights(self.model.get_weights())
     feats = {k: v[:4] for k, v in features.items()}  # an even batch
-    _, default_sums = realm_pretrain.replica_loss(self.model, feats, training=False)
+    default_loss, default_m = realm_pretrain.replica_loss(self.model, feats, training=False)
     dataset = strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensors(feats).unbatch().batch(4))
 
     # (XLA cannot place clusters on logical CPU devices; the XLA test is below.)
     def replica(x):
-      return realm_pretrain.replica_loss(mirrored, x, training=False)[1]
+      loss, m = realm_pretrain.replica_loss(mirrored, x, training=False)
+      return dict(loss=loss, retrieval_utility=tf.reduce_sum(m["retrieval_utility"]))
 
     @tf.function
     def step(x):
       sums = strategy.run(replica, args=(x,))
       return {k: strategy.reduce("SUM", v, axis=None) for k, v in sums.items()}
     got = step(next(iter(dataset)))
-    self.assertAllClose(got["loss"], default_sums["loss"], rtol=1e-5)
-    self.assertAllClose(got["retrieval_utility"], default_sums["retrieval_utility"], rtol=1e-4)
+    self.assertAllClose(got["loss"], default_loss, rtol=1e-5)
+    self.assertAllClose(got["retrieval_utility"], tf.reduce_sum(default_m["retrieval_utility"]),
+                        rtol=1e-4)
+
+  def test_bfloat16_policy(self):
+    """runtime.mixed_precision_dtype=bfloat16: the towers compute in bfloat16, their
+    variables stay float32, and the loss stays finite (and near the float32 loss)."""
+    features, _ = self.features()
+    want, _ = realm_pretrain.replica_loss(self.model, features, training=False)
+    with train_lib.precision_policy("bfloat16"):
+      model = RealmPretrainer.from_config_dataclass(self.config)
+      model.set_weights(self.model.get_weights())
+      query = model.query_embedder(tower_inputs(features, "query"))
+      out = model(features)
+      task = realm_pretrain.RealmPretrainTask(configs.RealmPretrainTaskConfig(model=self.config))
+      metrics = task.build_metrics(training=True)
+      logs = task.train_step(features, model, tf_keras.optimizers.SGD(1e-3), metrics)
+    self.assertEqual(query.dtype, tf.bfloat16)
+    self.assertEqual(tf_keras.mixed_precision.global_policy().name, "float32")  # restored
+    self.assertEqual(out["retrieval_logits"].dtype, tf.bfloat16)
+    self.assertEqual(out["mlm_logits"].dtype, tf.bfloat16)
+    self.assertEqual({v.dtype for v in model.variables}, {tf.float32})
+    self.assertTrue(np.isfinite(logs["loss"].numpy()))
+    self.assertAllClose(logs["loss"], want, rtol=0.05)
+    self.assertTrue(all(np.isfinite(m.result().numpy()) for m in metrics))
 
   def test_train_step_compiles_with_xla(self):
     features, _ = self.features()

@@ -8,6 +8,7 @@ fail with clear errors.
 
 import os
 import subprocess
+import tempfile
 import sys
 
 import numpy as np
@@ -18,14 +19,12 @@ from data_prep import pipeline
 from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
+from realm_tf import train_lib
+from realm_tf.data import loaders
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
-from realm_tf.tasks import evaluation
 from realm_tf.tasks import ict
-from realm_tf.tasks import reader_read
 from realm_tf.tasks import realm_pretrain
-from realm_tf.tasks import retrieval_inputs
-from realm_tf.tasks import train_lib
 from realm_tf.tokenization import load_vocab
 
 
@@ -55,9 +54,13 @@ def overrides(p, **extra):
       "task.train_data.input_path": os.path.join(p["pretrain"], "train-*"),
       "task.train_data.blocks_dir": p["blocks"],
       "task.train_data.global_batch_size": 4,
+      "task.validation_data.input_path": os.path.join(p["pretrain"], "eval-*"),
+      "task.validation_data.blocks_dir": p["blocks"],
       "task.index_wait_seconds": 120,
       "trainer.checkpoint_interval": 3,
       "trainer.summary_interval": 3,
+      "trainer.steps_per_loop": 3,
+      "trainer.validation_interval": 3,
   }
   items.update(extra)
   return ",".join(f"{k}={v}" for k, v in items.items())
@@ -71,24 +74,25 @@ def start_refresher(model_dir, index_dir, blocks_dir, *flags):
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _warm_start(p, experiment, task_cls, name, steps, *extra):
+def _warm_start(p, experiment, name, steps, *extra):
   """``steps`` of a warm-start experiment on the ICT pairs, with 32-wide towers."""
   size = len(load_vocab(p["vocab"]))
   params = configs.load_experiment(experiment, params_override=",".join([
       f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
       "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
       f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
-      "task.train_data.global_batch_size=8", f"trainer.train_steps={steps}", *extra]))
+      "task.train_data.global_batch_size=8", f"trainer.train_steps={steps}",
+      "trainer.steps_per_loop=1", "trainer.summary_interval=1", *extra]))
   path = str(p["root"] / name)
-  return path, train_lib.run(task_cls(params.task), params, path)
+  return path, train_lib.run_experiment(params, path)
 
 
 @pytest.fixture(scope="module")
 def ict_dir(prepared):
   """A few ICT steps: the retriever every REALM run here starts from."""
-  path, metrics = _warm_start(prepared, "ict_cpu", ict.IctTask, "ict", 4,
+  path, metrics = _warm_start(prepared, "ict_cpu", "ict", 4,
                               "task.model.projection_size=16")
-  assert set(metrics) >= {"loss", "recall@1", "recall@5"}
+  assert set(metrics) >= {"training_loss", "recall@1", "recall@5"}
   assert model_dir_lib.training_done(path)
   return path
 
@@ -102,12 +106,13 @@ def reader_dir(prepared):
       f"task.model.vocab_file={p['vocab']}", f"task.model.reader.encoder.vocab_size={size}",
       f"task.model.retriever.encoder.vocab_size={size}", "task.model.reader.seq_length=96",
       "task.model.reader.encoder.hidden_size=32", "task.model.reader.encoder.intermediate_size=64",
-      f"task.train_data.input_path={os.path.join(p['pretrain'], 'train-*')}",
-      f"task.train_data.blocks_dir={p['blocks']}", "task.train_data.global_batch_size=8",
-      "trainer.train_steps=3"]))
+      f"task.train_data.input_path=[{os.path.join(p['pretrain'], 'train-*')}]",
+      f"task.train_data.blocks_dir=[{p['blocks']}]", "task.train_data.global_batch_size=8",
+      "trainer.train_steps=3", "trainer.steps_per_loop=1", "trainer.summary_interval=1"]))
   path = str(p["root"] / "reader_read")
-  metrics = train_lib.run(reader_read.ReaderReadTask(params.task), params, path)
-  assert set(metrics) >= {"loss", "mlm_accuracy", "reading_gain"} and metrics["loss"] > 0
+  metrics = train_lib.run_experiment(params, path)
+  assert set(metrics) >= {"training_loss", "mlm_accuracy", "reading_gain"}
+  assert metrics["training_loss"] > 0
   return path
 
 
@@ -127,13 +132,13 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
     params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
         p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
               "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6}))
-    metrics = train_lib.run(realm_pretrain.RealmPretrainTask(params.task), params, model_dir)
+    metrics = train_lib.run_experiment(params, model_dir)
     output, _ = refresher.communicate(timeout=120)
   finally:
     refresher.kill()
   assert refresher.returncode == 0, output[-2000:]
-  assert {"loss", "mlm_accuracy", "retrieval_utility", "retrieval_entropy", "index_age",
-          "examples_per_second"} <= set(metrics)
+  assert {"training_loss", "mlm_accuracy", "retrieval_utility", "retrieval_entropy",
+          "index_age", "examples_per_second"} <= set(metrics)
   # Checkpoints are numbered by step and the refresher built one index per checkpoint,
   # the last one for the final checkpoint.
   assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(model_dir)) == 6
@@ -157,8 +162,7 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
     os.remove(os.path.join(model_dir, model_dir_lib.TRAINING_DONE))
     params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
         p, **{"task.index_dir": index_dir, "trainer.train_steps": 9}))
-    task = realm_pretrain.RealmPretrainTask(params.task)
-    train_lib.run(task, params, model_dir)
+    train_lib.run_experiment(params, model_dir)
     refresher.communicate(timeout=120)
   finally:
     refresher.kill()
@@ -166,14 +170,10 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
                  tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths)
   assert steps[-1] == 9 and 3 not in steps[-2:]   # continued 6 -> 9
 
-  # Held-out evaluation runs on the result.
-  from data_prep import schema  # pylint: disable=g-import-not-at-top
-  blocks = schema.read_blocks(p["blocks"])
-  arrays = next(tf.data.TFRecordDataset(schema.example_files(p["pretrain"], "eval")).batch(
-      64).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
-  result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
-                               arrays)
-  assert 0.0 <= result["recall@5"] <= 1.0 and result["examples"] == len(arrays["query_ids"])
+  # Held-out evaluation (--mode=eval) runs on the result.
+  result = train_lib.run_experiment(params, model_dir, mode="eval")
+  assert 0.0 <= result["recall@5"] <= 1.0
+  assert {"retrieval_utility", "mlm_accuracy", "validation_loss"} <= set(result)
 
   # The stale-index ablation: one index, never refreshed; its age grows with the step.
   stale_dir, stale_index = str(root / "stale"), str(root / "stale_index")
@@ -182,7 +182,7 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
     params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
         p, **{"task.index_dir": stale_index, "task.refresh_index": "false",
               "task.retriever_init_checkpoint": ict_dir, "trainer.train_steps": 6}))
-    metrics = train_lib.run(realm_pretrain.RealmPretrainTask(params.task), params, stale_dir)
+    metrics = train_lib.run_experiment(params, stale_dir)
     refresher.communicate(timeout=60)
   finally:
     refresher.kill()
@@ -202,8 +202,8 @@ def test_clear_errors(prepared, ict_dir):
   # Examples written for another query length.
   params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
       p, **{"task.model.retriever.query_seq_length": 24}))
-  with pytest.raises(retrieval_inputs.InputError, match="query length 32 but the model"):
-    retrieval_inputs.read_examples(params.task.train_data.input_path, 24, 10)
+  with pytest.raises(loaders.InputError, match="query length 32 but the model"):
+    realm_pretrain.RealmPretrainTask(params.task).build_inputs(params.task.train_data)
 
   # ICT pairs (ICT and the reader warm start read them) written for another block length.
   params = configs.load_experiment("ict_cpu", params_override=",".join([
@@ -232,4 +232,86 @@ def test_clear_errors(prepared, ict_dir):
   params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
       p, **{"task.model.reader.encoder.vocab_size": 7}))
   with pytest.raises(configs.ConfigError, match="vocab_size"):
-    realm_pretrain.RealmPretrainTask(params.task).write_model_metadata(str(root / "bad"))
+    model_dir_lib.write_metadata(
+        str(root / "bad"), *realm_pretrain.RealmPretrainTask(params.task).model_dir_config())
+
+
+def _scalars(logdir):
+  """``{tag: {step: value}}`` of the TensorBoard event files in ``logdir``."""
+  out = {}
+  for path in tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        out.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+  return out
+
+
+def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
+  """--mode=train_and_eval writes validation summaries at validation_interval; --mode=eval on
+  the finished model dir prints them; the refresher restores the towers alone."""
+  p, root = prepared, prepared["root"]
+  model_dir, index_dir = str(root / "realm_tae"), str(root / "realm_tae_index")
+  override = overrides(p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
+                             "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6})
+  refresher = start_refresher(model_dir, index_dir, p["blocks"])
+  try:
+    params = configs.load_experiment("realm_pretrain_cpu", params_override=override)
+    logs = train_lib.run_experiment(params, model_dir, mode="train_and_eval")
+    refresher.communicate(timeout=120)
+  finally:
+    refresher.kill()
+  assert os.path.exists(os.path.join(model_dir, "params.yaml"))
+  validation = _scalars(os.path.join(model_dir, "validation"))
+  for tag in ("recall@5", "retrieval_utility", "mlm_accuracy", "validation_loss"):
+    assert sorted(validation[tag]) == [3, 6], (tag, validation.get(tag))
+  assert 0.0 <= validation["recall@5"][6] <= 1.0
+  assert logs["validation/recall@5"] == pytest.approx(validation["recall@5"][6])
+  assert sorted(_scalars(os.path.join(model_dir, "train"))["training_loss"]) == [3, 6]
+
+  # --mode=eval on the finished model dir, as a user runs it: the same numbers, printed.
+  proc = subprocess.run(
+      [sys.executable, "-m", "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+       "--mode=eval", f"--model_dir={model_dir}", f"--params_override={override}"],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  printed = proc.stdout.strip().splitlines()[-1]
+  assert printed.startswith("done (eval)") and "'recall@5': " in printed
+  recall = float(printed.split("'recall@5': ")[1].split(",")[0].rstrip("}"))
+  assert recall == pytest.approx(validation["recall@5"][6], abs=1e-4)
+
+  # The refresher restores only the towers from the new loop's checkpoint (which also holds
+  # the whole model under model/ and the optimizer): its values, and nothing is missing.
+  from realm_tf.retrieval import refresher as refresher_lib  # pylint: disable=g-import-not-at-top
+  latest = model_dir_lib.latest_checkpoint(model_dir)
+  names = [name for name, _ in tf.train.list_variables(latest)]
+  assert any(n.startswith("model/") or n.startswith("reader/") for n in names)
+  assert any(n.startswith("optimizer/") for n in names)
+  towers = refresher_lib.Refresher(model_dir, p["blocks"], str(root / "unused_index"))
+  towers._build_towers()   # pylint: disable=protected-access
+  towers._restore(latest)  # pylint: disable=protected-access
+  want = _variables(latest, "block_embedder/")
+  got = {f"block_embedder/{k}": v for k, v in _object_values(towers.block_embedder).items()}
+  assert len(want) > 10 and set(want) == set(got)
+  for k, v in want.items():
+    np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+def _object_values(module):
+  """``{checkpoint key below the module: value}`` for every variable of ``module``."""
+  path = os.path.join(tempfile.mkdtemp(), "ckpt")
+  tf.train.Checkpoint(m=module).write(path)
+  return {k[2:]: tf.train.load_checkpoint(path).get_tensor(k)
+          for k, _ in tf.train.list_variables(path)
+          if k.startswith("m/") and k.endswith("VARIABLE_VALUE")}
+
+
+def test_bfloat16_runtime_trains(prepared):
+  """runtime.mixed_precision_dtype=bfloat16 through run_experiment: finite loss, float32
+  variables in the checkpoint."""
+  path, logs = _warm_start(prepared, "ict_cpu", "ict_bf16", 2, "task.model.projection_size=16",
+                           "runtime.mixed_precision_dtype=bfloat16")
+  assert np.isfinite(logs["training_loss"])
+  reader = tf.train.load_checkpoint(model_dir_lib.latest_checkpoint(path))
+  dtypes = reader.get_variable_to_dtype_map()
+  assert {dtypes[k] for k in dtypes if k.startswith("block_embedder/") and
+          k.endswith("VARIABLE_VALUE")} == {tf.float32}

@@ -15,9 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.retrieval import corpus
+from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
@@ -89,11 +89,11 @@ class RefreshLoopTest(tf.test.TestCase):
     self.assertEqual(publish.latest_step(self.index_dir), 60)
     self.assertIn("is final", out)
     # The final index holds the final block tower's embeddings of the corpus.
-    ids, emb = corpus.embed_corpus(trainer.block_embedder, self.blocks_dir, 32, self.vocab,
-                                   progress=False)
+    ids, emb = corpus_embedding.embed_corpus(trainer.block_embedder, self.blocks_dir, 32,
+                                             self.vocab, progress=False)
     loaded = np.load(os.path.join(self.index_dir, "step-60", "embeddings.npy"))
-    self.assertAllClose(loaded, corpus.assemble_rows(ids, emb, 120), atol=1e-5)
-    manifest = index_lib.read_manifest(os.path.join(self.index_dir, "step-60"))
+    self.assertAllClose(loaded, corpus_embedding.assemble_rows(ids, emb, 120), atol=1e-5)
+    manifest = mips_index.read_manifest(os.path.join(self.index_dir, "step-60"))
     self.assertEqual(manifest["corpus_fingerprint"], self.manifest["fingerprint"])
     self.assertEqual(manifest["recall_at_10"], 1.0)  # 120 blocks: exact scoring.
     self.assertNotEmpty(glob.glob(os.path.join(self.index_dir, "tensorboard", "events.*")))
@@ -154,10 +154,10 @@ class RealmIndexBinaryTest(tf.test.TestCase):
     titles = ["Paris", "London", "Physics"]
     bodies = ["paris is the capital of france", "london is a city on the river",
               "physics is a science"]
-    from realm_tf.retrieval import blocks as blocks_lib  # pylint: disable=g-import-not-at-top
     from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
-    blocks_lib.write_blocks(os.path.join(root, "blocks"), titles, bodies,
-                            tokenization.RealmTokenizer(vocab), 32)
+    from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
+    contract.write_blocks(os.path.join(root, "blocks"), titles, bodies,
+                          tokenization.RealmTokenizer(vocab), 32)
     trainer = testing.TinyTrainer(os.path.join(root, "model"), vocab)
     trainer.save(5)
 

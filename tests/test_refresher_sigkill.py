@@ -15,9 +15,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.retrieval import corpus
+from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import testing
 
@@ -38,8 +38,8 @@ class Reader(threading.Thread):
     self.stop = threading.Event()
 
   def check(self, path):
-    index = index_lib.load_index(path, expected_dim=DIM, expected_fingerprint=self.fingerprint,
-                                 load_embeddings=True)
+    index = mips_index.load_index(path, expected_dim=DIM, expected_fingerprint=self.fingerprint,
+                                  load_embeddings=True)
     manifest = index.manifest
     step = int(os.path.basename(path).split("-")[1])
     assert manifest["model_step"] == step, manifest
@@ -84,12 +84,13 @@ class RefresherSigkillTest(tf.test.TestCase):
     self.addCleanup(self._kill)
 
   def _start(self):
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+    # Each build sleeps 1.5 s half-way through writing its index, so that a kill lands there.
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3",
+               **{publish.TESTONLY_BUILD_DELAY_ENV: "1.5"})
     self.proc = subprocess.Popen(
         [sys.executable, "-m", "realm_tf.binaries.refresh", f"--model_dir={self.model_dir}",
          f"--index_dir={self.index_dir}", f"--blocks_dir={self.blocks_dir}", "--keep=2",
-         "--poll_seconds=0.2", "--recall_queries=20", "--noprogress",
-         "--testonly_build_delay=1.5"],
+         "--poll_seconds=0.2", "--recall_queries=20", "--noprogress"],
         stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
   def _kill(self):
@@ -128,6 +129,10 @@ class RefresherSigkillTest(tf.test.TestCase):
     os.kill(self.proc.pid, signal.SIGKILL)
     self.proc.wait()
     self.assertTrue(self._building())  # The leftover, which must never be loaded.
+    leftover = [n for n in os.listdir(self.index_dir) if n.startswith(".tmp-step-2-")]
+    self.assertLen(leftover, 1)
+    self.assertFalse(os.path.exists(os.path.join(self.index_dir, leftover[0],
+                                                 mips_index.MANIFEST_NAME)))  # Half-written.
     self.assertEqual(publish.latest_step(self.index_dir), 1)
 
     # Checkpoints keep arriving while the refresher is down; restart it.
@@ -156,12 +161,12 @@ class RefresherSigkillTest(tf.test.TestCase):
     self.assertLessEqual(len(publish.published_steps(self.index_dir)), 2)
     self.assertFalse(any(n.startswith(".") for n in os.listdir(self.index_dir)))
     # The newest index is the corpus embedded with the newest checkpoint's block tower.
-    ids, emb = corpus.embed_corpus(self.trainer.block_embedder, self.blocks_dir, 32, self.vocab,
-                                   progress=False)
+    ids, emb = corpus_embedding.embed_corpus(self.trainer.block_embedder, self.blocks_dir, 32,
+                                             self.vocab, progress=False)
     final = os.path.join(self.index_dir, "step-5")
     self.assertAllClose(np.load(os.path.join(final, "embeddings.npy")),
-                        corpus.assemble_rows(ids, emb, NUM_BLOCKS), atol=1e-5)
-    self.assertEqual(index_lib.read_manifest(final)["checkpoint"],
+                        corpus_embedding.assemble_rows(ids, emb, NUM_BLOCKS), atol=1e-5)
+    self.assertEqual(mips_index.read_manifest(final)["checkpoint"],
                      os.path.join(self.model_dir, "ckpt-5"))
 
 

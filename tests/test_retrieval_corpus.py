@@ -10,10 +10,10 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf import tokenization
-from realm_tf.retrieval import blocks as blocks_lib
-from realm_tf.retrieval import corpus
+from realm_tf.data import contract
+from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
 
@@ -23,7 +23,7 @@ class PackTest(tf.test.TestCase):
   def test_pack_pads_trims_and_sets_segments(self):
     sep = 3
     ids = tf.ragged.constant([[2, 7, 3, 9, 3], [2, 7, 8, 3, 9, 9, 9, 3], [2, 3, 3]])
-    got = blocks_lib.pack_block_ids(ids, 6, sep)
+    got = contract.pack_block_ids(ids, 6, sep)
     self.assertAllEqual(got["input_word_ids"], [[2, 7, 3, 9, 3, 0],
                                                 [2, 7, 8, 3, 9, 3],
                                                 [2, 3, 3, 0, 0, 0]])
@@ -33,7 +33,7 @@ class PackTest(tf.test.TestCase):
     self.assertAllEqual(got["input_type_ids"], [[0, 0, 0, 1, 1, 0],
                                                 [0, 0, 0, 0, 1, 1],
                                                 [0, 0, 1, 0, 0, 0]])
-    query = blocks_lib.pack_block_ids(ids, 4, sep, segment_ids=False)
+    query = contract.pack_block_ids(ids, 4, sep, segment_ids=False)
     self.assertAllEqual(query["input_word_ids"][1], [2, 7, 8, 3])
     self.assertAllEqual(query["input_type_ids"], tf.zeros([3, 4], tf.int32))
 
@@ -64,52 +64,50 @@ class CorpusTest(tf.test.TestCase, parameterized.TestCase):
 
   def _embed(self, **kwargs):
     kwargs.setdefault("batch_size", 64)
-    return corpus.embed_corpus(self.embedder, self.blocks_dir, 32, self.vocab,
-                               progress=False, **kwargs)
+    return corpus_embedding.embed_corpus(self.embedder, self.blocks_dir, 32, self.vocab,
+                                         progress=False, **kwargs)
 
-  def test_fixture_follows_the_data_prep_schema(self):
-    from data_prep import schema  # pylint: disable=g-import-not-at-top
-    blocks = schema.read_blocks(self.blocks_dir, check_manifest=True)  # Checks the fingerprint.
+  def test_fixture_follows_the_contract(self):
+    blocks = contract.read_blocks(self.blocks_dir, check_manifest=True)  # Checks the fingerprint.
     self.assertEqual([b["block_id"] for b in blocks], list(range(150)))
-    self.assertEqual(blocks[3]["uid"], blocks_lib.block_uid(blocks[3]["title"],
-                                                            blocks[3]["body"]))
+    self.assertEqual(blocks[3]["uid"], contract.block_uid(blocks[3]["title"], blocks[3]["body"]))
 
   def test_matches_keras_forward_pass(self):
     ids, emb = self._embed()
-    table = corpus.assemble_rows(ids, emb, 150)
+    table = corpus_embedding.assemble_rows(ids, emb, 150)
     self.assertAllClose(table, self.want, atol=1e-5)
 
   def test_mirrored_strategy(self):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     ids, emb = self._embed(strategy=strategy, batch_size=50)
-    self.assertAllClose(corpus.assemble_rows(ids, emb, 150), self.want, atol=1e-5)
+    self.assertAllClose(corpus_embedding.assemble_rows(ids, emb, 150), self.want, atol=1e-5)
 
   def test_shards_merge_to_the_whole(self):
     out = os.path.join(self.root, "emb_shards")
     for shard in range(4):
       ids, emb = self._embed(shard_index=shard, num_shards=4)
-      self.assertLen(ids, corpus.shard_size(150, shard, 4))
-      corpus.save_embedding_shard(out, ids, emb, shard, 4)
-    self.assertAllClose(corpus.merge_embedding_shards(out, 150), self.want, atol=1e-5)
+      self.assertLen(ids, corpus_embedding.shard_size(150, shard, 4))
+      corpus_embedding.save_embedding_shard(out, ids, emb, shard, 4)
+    self.assertAllClose(corpus_embedding.merge_embedding_shards(out, 150), self.want, atol=1e-5)
     os.remove(os.path.join(out, "embeddings-shard-00002-of-00004.npy"))
     with self.assertRaisesRegex(errors.CorpusFormatError, r"shards \[2\] of 4 are missing"):
-      corpus.merge_embedding_shards(out, 150)
+      corpus_embedding.merge_embedding_shards(out, 150)
 
   def test_other_vocabulary_is_tokenized_again(self):
     other_vocab = os.path.join(self.root, "other_vocab.txt")
     words = tokenization.load_vocab(self.vocab)
     with open(other_vocab, "w") as f:  # Same tokens, another file: ids must not be trusted.
       f.write("\n".join(words + ["zzzextra"]) + "\n")
-    ids, emb = corpus.embed_corpus(self.embedder, self.blocks_dir, 32, other_vocab,
-                                   batch_size=64, progress=False)
-    self.assertAllClose(corpus.assemble_rows(ids, emb, 150), self.want, atol=1e-5)
+    ids, emb = corpus_embedding.embed_corpus(self.embedder, self.blocks_dir, 32, other_vocab,
+                                             batch_size=64, progress=False)
+    self.assertAllClose(corpus_embedding.assemble_rows(ids, emb, 150), self.want, atol=1e-5)
 
   def test_assemble_rows_checks_ids(self):
     emb = np.zeros([3, 2], np.float32)
     with self.assertRaisesRegex(errors.CorpusFormatError, "block id 1 occurs 2 times"):
-      corpus.assemble_rows(np.array([0, 1, 1]), emb, 3)
+      corpus_embedding.assemble_rows(np.array([0, 1, 1]), emb, 3)
     with self.assertRaisesRegex(errors.CorpusFormatError, r"must lie in \[0, 3\)"):
-      corpus.assemble_rows(np.array([0, 1, 3]), emb, 3)
+      corpus_embedding.assemble_rows(np.array([0, 1, 3]), emb, 3)
 
   def test_empty_and_missing_corpus(self):
     empty = os.path.join(self.root, "empty_blocks")
@@ -124,7 +122,7 @@ class CorpusTest(tf.test.TestCase, parameterized.TestCase):
       self._embed(shard_index=170, num_shards=200)
 
   def _embed_dir(self, blocks_dir):
-    return corpus.embed_corpus(self.embedder, blocks_dir, 32, self.vocab, progress=False)
+    return corpus_embedding.embed_corpus(self.embedder, blocks_dir, 32, self.vocab, progress=False)
 
   def test_recall_on_real_block_embeddings(self):
     """Acceptance: default ScaNN settings keep recall@10 >= 0.95 on embeddings of blocks."""
@@ -138,7 +136,7 @@ class CorpusTest(tf.test.TestCase, parameterized.TestCase):
     path = refresher.build_index_for_checkpoint(
         None, trainer.model_dir, blocks_dir, os.path.join(root, "index"),
         refresher.BuildOptions(progress=False, recall_queries=200))
-    manifest = index_lib.read_manifest(path)
+    manifest = mips_index.read_manifest(path)
     self.assertEqual(manifest["settings"]["mode"], "ah")  # 3000 blocks: hashing, not exact.
     print("recall@10 on 3000 block embeddings:", manifest["recall_at_10"])
     self.assertGreaterEqual(manifest["recall_at_10"], 0.95)

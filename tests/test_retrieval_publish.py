@@ -5,6 +5,7 @@ import shutil
 import tempfile
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 import tensorflow as tf
@@ -13,13 +14,13 @@ from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import testing
 
 
 def _index(step, n=40, d=8):
-  return index_lib.BruteForceIndex(
+  return mips_index.BruteForceIndex(
       np.random.default_rng(step).standard_normal((n, d)).astype(np.float32))
 
 
@@ -38,7 +39,7 @@ class PublishTest(tf.test.TestCase):
       self.assertEqual(publish.latest_step(self.dir), step)
     self.assertEqual(publish.published_steps(self.dir), [300, 400])
     self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "step-300", "step-400"])
-    manifest = index_lib.read_manifest(os.path.join(self.dir, "step-400"))
+    manifest = mips_index.read_manifest(os.path.join(self.dir, "step-400"))
     self.assertEqual((manifest["model_step"], manifest["num_blocks"], manifest["dim"],
                       manifest["corpus_fingerprint"]), (400, 40, 8, "fp"))
 
@@ -59,6 +60,24 @@ class PublishTest(tf.test.TestCase):
     removed = publish.clean_temporaries(self.dir)
     self.assertLen(removed, 2)
     self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "step-100"])
+
+  def test_testonly_build_delay_holds_a_build_half_written(self):
+    """The test-only hook of the kill -9 test: a build waits with its index half written."""
+    with mock.patch.dict(os.environ, {publish.TESTONLY_BUILD_DELAY_ENV: "1.0"}):
+      start = time.time()
+      thread = threading.Thread(target=publish.publish, args=(_index(1), self.dir, 100))
+      thread.start()
+      deadline = start + 20
+      tmp = []
+      while not tmp and time.time() < deadline:
+        tmp = [n for n in os.listdir(self.dir) if n.startswith(".tmp-step-100-")]
+        time.sleep(0.01)
+      self.assertLen(tmp, 1)
+      self.assertFalse(os.path.exists(os.path.join(self.dir, tmp[0], mips_index.MANIFEST_NAME)))
+      self.assertIsNone(publish.latest_step(self.dir))
+      thread.join()
+    self.assertGreaterEqual(time.time() - start, 1.0)
+    self.assertEqual(publish.latest_step(self.dir), 100)
 
   def test_query_embedder_snapshot_restores(self):
     vocab = testing.write_vocab(os.path.join(self.dir, "vocab.txt"))

@@ -20,8 +20,8 @@ from absl import flags
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.retrieval import corpus
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import corpus_embedding
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import testing
 
 flags.DEFINE_list("sizes", ["100000", "1000000"], "Numbers of blocks.")
@@ -59,25 +59,25 @@ def bench_index(n, dim, work_dir):
   queries = rng.standard_normal((FLAGS.num_queries, dim), dtype=np.float32)
   rows = {}
   start = time.perf_counter()
-  exact = index_lib.BruteForceIndex(emb)
+  exact = mips_index.BruteForceIndex(emb)
   exact_build = time.perf_counter() - start
   exact_ids, _ = exact.search(queries, 10)
-  candidates = [("scann", index_lib.ScannSettings())]
-  if FLAGS.flat_row and "num_leaves" in index_lib.ScannSettings().resolve(n):
-    candidates.append(("flat", index_lib.ScannSettings(use_tree=False)))
+  candidates = [("scann", mips_index.ScannSettings())]
+  if FLAGS.flat_row and "num_leaves" in mips_index.ScannSettings().resolve(n):
+    candidates.append(("flat", mips_index.ScannSettings(use_tree=False)))
   built = []
   for name, settings in candidates:
     start = time.perf_counter()
-    index = index_lib.ScannIndex.build(emb, settings)
+    index = mips_index.ScannIndex.build(emb, settings)
     built.append((name, index, time.perf_counter() - start))
   if FLAGS.exact_row:
     built.append(("exact", exact, exact_build))
   for name, index, build in built:
-    recall = index_lib.recall_at_k(index.search(queries, 10)[0], exact_ids)
+    recall = mips_index.recall_at_k(index.search(queries, 10)[0], exact_ids)
     path = os.path.join(work_dir, f"{name}-{n}")
     index.save(path)
     on_disk = _dir_bytes(path)
-    extra = _dir_bytes(os.path.join(path, index_lib.SCANN_DIR)) if name != "exact" else on_disk
+    extra = _dir_bytes(os.path.join(path, mips_index.SCANN_DIR)) if name != "exact" else on_disk
     shutil.rmtree(path)
     rows[name] = dict(
         build_s=build, qps1=_qps(index, queries, 1, FLAGS.single_queries),
@@ -101,16 +101,16 @@ def bench_embedding(work_dir):
   seq, batch = FLAGS.embed_seq_length, FLAGS.embed_batch
 
   def pipeline():
-    return corpus.embed_corpus(embedder, blocks_dir, seq, trainer.config.vocab_file,
-                               batch_size=batch, progress=False)
+    return corpus_embedding.embed_corpus(embedder, blocks_dir, seq, trainer.config.vocab_file,
+                                         batch_size=batch, progress=False)
 
   pipeline()  # Trace once.
   start = time.perf_counter()
   pipeline()
   pipeline_s = time.perf_counter() - start
 
-  batches = [inputs for _, inputs in corpus.block_dataset(blocks_dir, seq, batch,
-                                                          trainer.config.vocab_file)]
+  batches = [inputs for _, inputs in corpus_embedding.block_dataset(
+      blocks_dir, seq, batch, trainer.config.vocab_file)]
   forward = tf.function(lambda x: embedder(x, training=False))
   forward(batches[0]).numpy()
   start = time.perf_counter()

@@ -14,22 +14,18 @@ r"""realm-index: build a MIPS index over a corpus once, and search it from the c
 """
 
 from absl import flags
-import tensorflow as tf
 
-from realm_tf import model_dir as model_dir_lib
-from realm_tf import modeling
-from realm_tf import tokenization
 from realm_tf.binaries import cli
-from realm_tf.retrieval import blocks as blocks_lib
+from realm_tf.data import contract
 from realm_tf.retrieval import cli_flags
-from realm_tf.retrieval import corpus
+from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
+from realm_tf.retrieval import search as search_lib
 
 flags.DEFINE_string("model_dir", None, "A model directory (model_config.yaml, vocab, ckpt-N).")
 flags.DEFINE_string("checkpoint", None, "A checkpoint in --model_dir (default: the newest).")
-flags.DEFINE_string("blocks_dir", None, "The blocks directory (data_prep output).")
+flags.DEFINE_string("blocks_dir", None, "The blocks directory (the blocks pipeline's output).")
 flags.DEFINE_string("index_dir", None, "The index directory (step-<N>/ and LATEST).")
 flags.DEFINE_string("embeddings_dir", None,
                     "embed: where shards go; build: merge these shards instead of embedding.")
@@ -51,26 +47,14 @@ def _require(*names):
     raise errors.RetrievalError(f"missing flags: {', '.join('--' + n for n in missing)}")
 
 
-def _checkpoint():
-  if FLAGS.checkpoint:
-    if not tf.io.gfile.exists(FLAGS.checkpoint + ".index"):
-      raise errors.CheckpointNotFoundError(f"checkpoint not found: {FLAGS.checkpoint}")
-    return FLAGS.checkpoint
-  if not tf.io.gfile.isdir(FLAGS.model_dir):
-    raise errors.CheckpointNotFoundError(f"model directory not found: {FLAGS.model_dir}")
-  path = tf.train.latest_checkpoint(FLAGS.model_dir)
-  if path is None:
-    raise errors.CheckpointNotFoundError(f"no checkpoint in {FLAGS.model_dir}")
-  return path
-
-
 def build():
   _require("model_dir", "blocks_dir", "index_dir")
-  checkpoint = _checkpoint()
+  checkpoint = refresher.find_checkpoint(FLAGS.model_dir, FLAGS.checkpoint)
   embeddings = None
   if FLAGS.embeddings_dir:
-    manifest = blocks_lib.load_manifest(FLAGS.blocks_dir)
-    embeddings = corpus.merge_embedding_shards(FLAGS.embeddings_dir, int(manifest["num_blocks"]))
+    manifest = contract.load_blocks_manifest(FLAGS.blocks_dir)
+    embeddings = corpus_embedding.merge_embedding_shards(FLAGS.embeddings_dir,
+                                                         int(manifest["num_blocks"]))
   path = refresher.build_index_for_checkpoint(
       checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.index_dir,
       options=cli_flags.build_options_from_flags(keep=FLAGS.keep), embeddings=embeddings)
@@ -79,51 +63,29 @@ def build():
 
 def embed():
   _require("model_dir", "blocks_dir", "embeddings_dir")
-  checkpoint = _checkpoint()
-  config = model_dir_lib.load_config(FLAGS.model_dir)
-  strategy = tf.distribute.get_strategy()
-  with strategy.scope():
-    _, block_embedder = modeling.build_embedders(config.retriever)
-  model_dir_lib.restore(checkpoint, block_embedder=block_embedder)
-  ids, emb = corpus.embed_corpus(
-      block_embedder, FLAGS.blocks_dir, config.retriever.block_seq_length, config.vocab_file,
-      config.lower_case, batch_size=FLAGS.batch_size, shard_index=FLAGS.shard_index,
-      num_shards=FLAGS.num_shards, strategy=strategy, progress=FLAGS.progress)
-  print(corpus.save_embedding_shard(FLAGS.embeddings_dir, ids, emb, FLAGS.shard_index,
-                                    FLAGS.num_shards))
+  print(refresher.embed_shard_for_checkpoint(
+      FLAGS.checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.embeddings_dir,
+      FLAGS.shard_index, FLAGS.num_shards, batch_size=FLAGS.batch_size, progress=FLAGS.progress))
+
+
+def _snippet(text: str) -> str:
+  text = " ".join(text.split())
+  return text[:FLAGS.snippet_chars] + "..." if len(text) > FLAGS.snippet_chars else text
 
 
 def search():
   _require("index_dir", "model_dir", "blocks_dir", "query")
-  config = model_dir_lib.load_config(FLAGS.model_dir)
-  blocks_manifest = blocks_lib.load_manifest(FLAGS.blocks_dir)
-  handle = handle_lib.IndexHandle(FLAGS.index_dir,
-                                  expected_fingerprint=blocks_manifest["fingerprint"],
-                                  expected_dim=config.retriever.projection_size,
-                                  wait_seconds=0, watch=False)
-  handle.wait_for_first()
-  query_embedder, _ = modeling.build_embedders(config.retriever)
-  # The query tower the index was built with, else the model directory's checkpoint.
-  checkpoint = handle.query_embedder_checkpoint or _checkpoint()
-  model_dir_lib.restore(checkpoint, query_embedder=query_embedder)
-  tokenizer = tokenization.RealmTokenizer(config.vocab_file, lower_case=config.lower_case)
-  queries = list(FLAGS.query)
-  inputs = tokenizer.query_inputs(queries, config.retriever.query_seq_length)
-  emb = query_embedder(inputs, training=False).numpy()
-  k = min(FLAGS.k, handle.index.num_blocks)
-  ids, scores = handle.search(emb, k)
-  texts = blocks_lib.read_blocks(FLAGS.blocks_dir, set(ids.ravel().tolist()))
-  print(f"index {handle.path} (model step {handle.step}, {handle.index.num_blocks} blocks)")
-  for query, row_ids, row_scores in zip(queries, ids, scores):
+  with search_lib.TextSearcher(FLAGS.index_dir, FLAGS.model_dir, FLAGS.blocks_dir,
+                               FLAGS.checkpoint) as searcher:
+    queries = list(FLAGS.query)
+    results = searcher.search_text(queries, FLAGS.k)
+    handle = searcher.handle
+    print(f"index {handle.path} (model step {handle.step}, {handle.index.num_blocks} blocks)")
+  for query, hits in zip(queries, results):
     print(f"\nquery: {query}")
-    for rank, (block_id, score) in enumerate(zip(row_ids, row_scores), 1):
-      block = texts.get(int(block_id), {"title": "?", "body": ""})
-      body = " ".join(block["body"].split())
-      if len(body) > FLAGS.snippet_chars:
-        body = body[:FLAGS.snippet_chars] + "..."
-      print(f"  {rank:2d}. [{score:8.3f}] {block['title']}  (block {block_id})")
-      print(f"      {body}")
-  handle.close()
+    for rank, hit in enumerate(hits, 1):
+      print(f"  {rank:2d}. [{hit.score:8.3f}] {hit.title}  (block {hit.block_id})")
+      print(f"      {_snippet(hit.body)}")
 
 
 def main(argv):

@@ -18,7 +18,7 @@ from realm_tf.retrieval import refresher
 
 flags.DEFINE_string("model_dir", None, "The trainer's model directory.")
 flags.DEFINE_string("index_dir", None, "Where to publish indexes (step-<N>/ and LATEST).")
-flags.DEFINE_string("blocks_dir", None, "The blocks directory (data_prep output).")
+flags.DEFINE_string("blocks_dir", None, "The blocks directory (the blocks pipeline's output).")
 flags.DEFINE_integer("keep", 3, "Indexes to keep.")
 flags.DEFINE_integer("min_step_interval", 0,
                      "Rebuild at most once every this many steps (0: every new checkpoint).")
@@ -28,8 +28,6 @@ flags.DEFINE_bool("exit_when_done", True, "Exit once TRAINING_DONE exists and th
 flags.DEFINE_integer("max_builds", 0, "Exit after this many builds (0: no limit).")
 flags.DEFINE_float("model_dir_wait_seconds", 0.0,
                    "Wait this long for --model_dir to appear before failing.")
-flags.DEFINE_float("testonly_build_delay", 0.0,
-                   "Tests only: sleep this long half-way through writing each index.")
 cli_flags.define_build_flags()
 flags.mark_flags_as_required(["model_dir", "index_dir", "blocks_dir"])
 
@@ -40,7 +38,6 @@ def main(argv):
   if len(argv) > 1:
     raise errors.RetrievalError(f"unexpected arguments: {' '.join(argv[1:])}")
   options = cli_flags.build_options_from_flags(keep=FLAGS.keep)
-  options.testonly_build_delay = FLAGS.testonly_build_delay
   refresher.refresh_loop(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir, keep=FLAGS.keep,
                          min_step_interval=FLAGS.min_step_interval,
                          poll_seconds=FLAGS.poll_seconds, exit_when_done=FLAGS.exit_when_done,

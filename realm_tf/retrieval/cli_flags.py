@@ -4,13 +4,13 @@ import math
 
 from absl import flags
 
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import refresher
 
 
 def define_build_flags() -> None:
   """Defines the index-building flags (call once, at import time of a binary)."""
-  defaults = index_lib.ScannSettings()
+  defaults = mips_index.ScannSettings()
   flags.DEFINE_enum("index_type", "scann", ["scann", "brute_force"],
                     "scann (exact scoring below --brute_force_below blocks) or brute_force.")
   flags.DEFINE_integer("batch_size", 128, "Global batch size of the corpus embedding.")
@@ -41,7 +41,7 @@ def define_build_flags() -> None:
 def build_options_from_flags(keep: int = 3) -> refresher.BuildOptions:
   f = flags.FLAGS
   soar = None if math.isnan(f.soar_lambda) else f.soar_lambda
-  scann = index_lib.ScannSettings(
+  scann = mips_index.ScannSettings(
       brute_force_below=f.brute_force_below, tree_above=f.tree_above,
       num_leaves=f.num_leaves or None, num_leaves_to_search=f.num_leaves_to_search or None,
       soar_lambda=soar, training_sample_size=f.training_sample_size,

@@ -1,13 +1,23 @@
 """Errors of the retrieval side, each with a one-line message a user can act on.
 
-The binaries print ``error: <message>`` and exit with status 2 on any of these.
+The binaries print ``error: <message>`` and exit with status 2 on any of these. The corpus
+errors are the data contract's own (``realm_tf.data.contract``), so a caller catching either
+``CorpusFormatError`` catches both.
 """
 
 from realm_tf import model_dir as model_dir_lib
+from realm_tf.data import contract
 
+# Base class: an index, a corpus or an embedding file that does not fit. Every such file is data
+# on disk, so the retrieval side's base class is the data contract's: the corpus errors below
+# are RetrievalErrors and DataErrors at once.
+RetrievalError = contract.DataError
 
-class RetrievalError(ValueError):
-  """Base class: an index, a corpus or an embedding file that does not fit."""
+# A blocks directory, or one shard of it, with no blocks.
+EmptyCorpusError = contract.EmptyCorpusError
+
+# A blocks directory or an embedding shard that does not follow the format.
+CorpusFormatError = contract.CorpusFormatError
 
 
 class DimensionMismatchError(RetrievalError):
@@ -16,14 +26,6 @@ class DimensionMismatchError(RetrievalError):
 
 class FingerprintMismatchError(RetrievalError):
   """An index built over a different corpus than the one the caller uses."""
-
-
-class EmptyCorpusError(RetrievalError):
-  """A blocks directory, or one shard of it, with no blocks."""
-
-
-class CorpusFormatError(RetrievalError):
-  """A blocks directory or an embedding shard that does not follow the format."""
 
 
 class IndexFormatError(RetrievalError):

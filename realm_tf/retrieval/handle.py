@@ -24,7 +24,7 @@ from absl import logging
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 
 # Errors that mean "this index will never fit": raised to the caller, not retried.
@@ -33,7 +33,7 @@ _FATAL = (errors.DimensionMismatchError, errors.FingerprintMismatchError)
 
 class _Loaded:
 
-  def __init__(self, path: str, index: index_lib.MipsIndex):
+  def __init__(self, path: str, index: mips_index.MipsIndex):
     self.path = path
     self.index = index
     self.manifest = index.manifest
@@ -72,8 +72,8 @@ class IndexHandle:
   # Loading ----------------------------------------------------------------------------------
 
   def _load(self, path: str) -> _Loaded:
-    return _Loaded(path, index_lib.load_index(path, expected_dim=self.expected_dim,
-                                              expected_fingerprint=self.expected_fingerprint))
+    return _Loaded(path, mips_index.load_index(path, expected_dim=self.expected_dim,
+                                               expected_fingerprint=self.expected_fingerprint))
 
   def _try_load_latest(self, newer_than: Optional[int]) -> Optional[_Loaded]:
     """The index ``LATEST`` names if it is newer than ``newer_than``; None if none/transient."""
@@ -167,7 +167,7 @@ class IndexHandle:
     return self._loaded().index.search(query_embeddings, k)
 
   @property
-  def index(self) -> index_lib.MipsIndex:
+  def index(self) -> mips_index.MipsIndex:
     return self._loaded().index
 
   @property

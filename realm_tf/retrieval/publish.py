@@ -25,12 +25,12 @@ import os
 import re
 import shutil
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from absl import logging
 import tensorflow as tf
 
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 
 LATEST_NAME = "LATEST"
 STEP_PREFIX = "step-"
@@ -38,6 +38,10 @@ TMP_PREFIX = ".tmp-"
 QUERY_CHECKPOINT = os.path.join("query_embedder", "ckpt")
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TMP_PID_RE = re.compile(r"^\.tmp-.*-(\d+)$")
+# Test only: seconds to sleep half-way through writing each index (after the query tower,
+# before the index and its manifest), so that a test can kill a build in the middle. Read in
+# _testonly_build_delay(), nowhere else; production never sets it.
+TESTONLY_BUILD_DELAY_ENV = "REALM_TF_TESTONLY_BUILD_DELAY"
 
 
 def step_dir(index_dir: str, step: int) -> str:
@@ -70,7 +74,7 @@ def published_steps(index_dir: str) -> List[int]:
   steps = []
   for name in os.listdir(index_dir):
     m = _STEP_RE.match(name)
-    if m and os.path.exists(os.path.join(index_dir, name, index_lib.MANIFEST_NAME)):
+    if m and os.path.exists(os.path.join(index_dir, name, mips_index.MANIFEST_NAME)):
       steps.append(int(m.group(1)))
   return sorted(steps)
 
@@ -153,13 +157,19 @@ def prune(index_dir: str, keep: int) -> List[int]:
   return doomed
 
 
-def publish(index: index_lib.MipsIndex,
+def _testonly_build_delay() -> None:
+  """Sleeps ``$REALM_TF_TESTONLY_BUILD_DELAY`` seconds if that is set (tests only)."""
+  seconds = float(os.environ.get(TESTONLY_BUILD_DELAY_ENV) or 0)
+  if seconds > 0:
+    time.sleep(seconds)
+
+
+def publish(index: mips_index.MipsIndex,
             index_dir: str,
             step: int,
             metadata: Optional[Dict] = None,
             query_embedder: Optional[tf.Module] = None,
-            keep: int = 3,
-            before_manifest: Optional[Callable[[str], None]] = None) -> str:
+            keep: int = 3) -> str:
   """Writes ``index`` as ``index_dir/step-<step>`` and points ``LATEST`` at it.
 
   Args:
@@ -169,8 +179,6 @@ def publish(index: index_lib.MipsIndex,
     metadata: more manifest entries (``corpus_fingerprint``, recall, timings, ...).
     query_embedder: the query tower to snapshot next to the index (optional).
     keep: how many indexes to keep.
-    before_manifest: called with the temporary directory before the index and its manifest
-      are written (tests use it to kill a build half-way).
 
   Returns:
     The published directory.
@@ -187,8 +195,7 @@ def publish(index: index_lib.MipsIndex,
   if query_embedder is not None:
     tf.train.Checkpoint(query_embedder=query_embedder).write(os.path.join(tmp, QUERY_CHECKPOINT))
     metadata["query_embedder_checkpoint"] = QUERY_CHECKPOINT
-  if before_manifest is not None:
-    before_manifest(tmp)
+  _testonly_build_delay()
   index.save(tmp, metadata)
   _fsync_dir(tmp)
   final = os.path.join(index_dir, name)

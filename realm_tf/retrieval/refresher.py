@@ -25,10 +25,10 @@ import tensorflow as tf
 
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
-from realm_tf.retrieval import blocks as blocks_lib
-from realm_tf.retrieval import corpus
+from realm_tf.data import contract
+from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index as index_lib
+from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 
 RECALL_K = 10
@@ -41,22 +41,20 @@ class BuildOptions:
   Attributes:
     index_type: ``scann`` (exact scoring below ``scann.brute_force_below`` blocks) or
       ``brute_force``.
-    scann: ScaNN settings (defaults in ``index.ScannSettings``).
+    scann: ScaNN settings (defaults in ``mips_index.ScannSettings``).
     batch_size: global batch size of the corpus embedding.
     recall_queries: number of sample queries for the recall@10 measurement (0: skip).
     keep: indexes kept in ``index_dir``.
     tensorboard_dir: where build summaries go (default ``index_dir/tensorboard``; "" for none).
     progress: show progress bars.
-    testonly_build_delay: seconds to sleep half-way through writing each index (tests only).
   """
   index_type: str = "scann"
-  scann: index_lib.ScannSettings = dataclasses.field(default_factory=index_lib.ScannSettings)
+  scann: mips_index.ScannSettings = dataclasses.field(default_factory=mips_index.ScannSettings)
   batch_size: int = 128
   recall_queries: int = 200
   keep: int = 3
   tensorboard_dir: Optional[str] = None
   progress: bool = True
-  testonly_build_delay: float = 0.0
 
 
 def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
@@ -67,6 +65,21 @@ def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
           f"model directory not found: {model_dir} (give the trainer's --model_dir, or start "
           "the trainer first)")
     time.sleep(1.0)
+
+
+def find_checkpoint(model_dir: str, checkpoint_path: Optional[str] = None) -> str:
+  """``checkpoint_path`` if given (it must exist), else the newest checkpoint of ``model_dir``.
+
+  Raises CheckpointNotFoundError naming the missing checkpoint or model directory.
+  """
+  if checkpoint_path:
+    if not tf.io.gfile.exists(checkpoint_path + ".index"):
+      raise errors.CheckpointNotFoundError(f"checkpoint not found: {checkpoint_path}")
+    return checkpoint_path
+  try:
+    return model_dir_lib.latest_checkpoint(model_dir)
+  except model_dir_lib.ModelDirError as e:
+    raise errors.CheckpointNotFoundError(str(e)) from None
 
 
 class Refresher:
@@ -89,7 +102,7 @@ class Refresher:
     self.index_dir = index_dir
     self.options = options or BuildOptions()
     self.strategy = strategy or tf.distribute.get_strategy()
-    self.blocks_manifest = blocks_lib.load_manifest(blocks_dir)
+    self.blocks_manifest = contract.load_blocks_manifest(blocks_dir)
     self.config = None
     self.query_embedder = None
     self.block_embedder = None
@@ -128,20 +141,20 @@ class Refresher:
         self._writer = tf.summary.create_file_writer(logdir)
     return self._writer
 
-  def measure_recall(self, index: index_lib.MipsIndex, embeddings: np.ndarray) -> Optional[float]:
+  def measure_recall(self, index: mips_index.MipsIndex, embeddings: np.ndarray) -> Optional[float]:
     """Recall@10 of ``index`` against exact search, on query-tower embeddings of sample blocks."""
     num = self.options.recall_queries
     if num <= 0:
       return None
-    if isinstance(index, index_lib.BruteForceIndex):
+    if isinstance(index, mips_index.BruteForceIndex):
       return 1.0
-    inputs = corpus.sample_query_inputs(self.blocks_dir, num,
-                                        self.config.retriever.query_seq_length,
-                                        self.config.vocab_file, self.config.lower_case)
+    inputs = corpus_embedding.sample_query_inputs(self.blocks_dir, num,
+                                                  self.config.retriever.query_seq_length,
+                                                  self.config.vocab_file, self.config.lower_case)
     queries = np.concatenate([
         self._embed_query({k: v[i:i + 128] for k, v in inputs.items()}).numpy()
         for i in range(0, int(inputs["input_word_ids"].shape[0]), 128)])
-    return index_lib.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_blocks))
+    return mips_index.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_blocks))
 
   def build(self, checkpoint_path: str, embeddings: Optional[np.ndarray] = None) -> str:
     """Restores, embeds, builds, publishes; returns the published directory.
@@ -157,11 +170,11 @@ class Refresher:
     opts = self.options
     num_blocks = int(self.blocks_manifest["num_blocks"])
     if embeddings is None:
-      ids, emb = corpus.embed_corpus(
+      ids, emb = corpus_embedding.embed_corpus(
           self.block_embedder, self.blocks_dir, self.config.retriever.block_seq_length,
           self.config.vocab_file, self.config.lower_case, batch_size=opts.batch_size,
           strategy=self.strategy, progress=opts.progress)
-      table = corpus.assemble_rows(ids, emb, num_blocks, where=self.blocks_dir)
+      table = corpus_embedding.assemble_rows(ids, emb, num_blocks, where=self.blocks_dir)
     else:
       table = np.asarray(embeddings, np.float32)
       if table.shape[0] != num_blocks:
@@ -174,7 +187,7 @@ class Refresher:
           f"embeddings have dimension {table.shape[1]} but the model's projection_size is "
           f"{expected_dim}")
     embedded = time.time()
-    index = index_lib.build_index(table, opts.index_type, opts.scann)
+    index = mips_index.build_index(table, opts.index_type, opts.scann)
     built = time.time()
     recall = self.measure_recall(index, table)
     metadata = {
@@ -189,14 +202,9 @@ class Refresher:
         "recall_queries": opts.recall_queries if recall is not None else 0,
     }
 
-    def delay(_):
-      if opts.testonly_build_delay > 0:
-        time.sleep(opts.testonly_build_delay)
-
     metadata["build_seconds"] = round(time.time() - start, 3)
     path = publish.publish(index, self.index_dir, step, metadata,
-                           query_embedder=self.query_embedder, keep=opts.keep,
-                           before_manifest=delay)
+                           query_embedder=self.query_embedder, keep=opts.keep)
     total = time.time() - start
     recall_text = "n/a" if recall is None else f"{recall:.4f}"
     print(f"[realm-refresh] published {path}: step {step}, {num_blocks} blocks, dim "
@@ -227,14 +235,33 @@ def build_index_for_checkpoint(checkpoint_path: Optional[str], model_dir: str, b
   ``checkpoint_path`` None means the newest checkpoint of ``model_dir``.
   """
   _require_model_dir(model_dir)
-  if checkpoint_path is None:
-    checkpoint_path = tf.train.latest_checkpoint(model_dir)
-    if checkpoint_path is None:
-      raise errors.CheckpointNotFoundError(f"no checkpoint in {model_dir}")
-  elif not tf.io.gfile.exists(checkpoint_path + ".index"):
-    raise errors.CheckpointNotFoundError(f"checkpoint not found: {checkpoint_path}")
+  checkpoint_path = find_checkpoint(model_dir, checkpoint_path)
   return Refresher(model_dir, blocks_dir, index_dir, options, strategy).build(
       checkpoint_path, embeddings=embeddings)
+
+
+def embed_shard_for_checkpoint(checkpoint_path: Optional[str], model_dir: str, blocks_dir: str,
+                               embeddings_dir: str, shard_index: int = 0, num_shards: int = 1,
+                               batch_size: int = 128,
+                               strategy: Optional[tf.distribute.Strategy] = None,
+                               progress: bool = True) -> str:
+  """Embeds one shard of the corpus with a checkpoint's block tower; returns the shard's file.
+
+  ``checkpoint_path`` None means the newest checkpoint of ``model_dir``. The shard is written
+  into ``embeddings_dir`` by ``corpus_embedding.save_embedding_shard``; once every shard is
+  there, ``build_index_for_checkpoint`` takes them merged as its ``embeddings``.
+  """
+  checkpoint_path = find_checkpoint(model_dir, checkpoint_path)
+  config = model_dir_lib.load_config(model_dir)
+  strategy = strategy or tf.distribute.get_strategy()
+  with strategy.scope():
+    _, block_embedder = modeling.build_embedders(config.retriever)
+  model_dir_lib.restore(checkpoint_path, block_embedder=block_embedder)
+  ids, emb = corpus_embedding.embed_corpus(
+      block_embedder, blocks_dir, config.retriever.block_seq_length, config.vocab_file,
+      config.lower_case, batch_size=batch_size, shard_index=shard_index, num_shards=num_shards,
+      strategy=strategy, progress=progress)
+  return corpus_embedding.save_embedding_shard(embeddings_dir, ids, emb, shard_index, num_shards)
 
 
 def refresh_loop(model_dir: str,

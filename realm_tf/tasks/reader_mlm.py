@@ -1,6 +1,6 @@
 """Masked-LM warm start of the reader: the toy-scale stand-in for its BERT initialization.
 
-Input: the ICT examples of ``data_prep`` (a sentence, and its block with the sentence cut out
+Input: the ICT examples (a sentence, and its block with the sentence cut out
 90% of the time). Each pair becomes a reader input in REALM's layout,
 ``[CLS] sentence [SEP] block body [SEP]`` (no title, as the reader sees blocks), and
 ``mask_rate`` of the sentence's wordpieces are replaced by ``[MASK]`` (at least one, at most
@@ -9,32 +9,18 @@ names repeat across an article's sentences, so the reader learns to fill a mask 
 second segment, the skill REALM pre-training relies on.
 """
 
-from typing import Dict
-
 import tensorflow as tf
-from official.core import base_task
+import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
-from realm_tf.retrieval import blocks as blocks_lib
-from realm_tf.tasks import ict
-
-
-class ReaderModel(tf.Module):
-  """The reader alone, under the model-directory contract's name ``reader``."""
-
-  def __init__(self, reader):
-    super().__init__()
-    self.reader = reader
-
-  @property
-  def trainable_variables(self):
-    return self.reader.trainable_variables
-
-  def checkpoint_items(self):
-    return dict(reader=self.reader)
+from realm_tf.data import contract
+from realm_tf.data import loaders
+from realm_tf.modeling import losses
+from realm_tf.tasks import base
+from realm_tf.modeling.models import ReaderModel
 
 
 def mask_sentences(word_ids, query_length, mask_id: int, mask_rate: float, max_masks: int,
@@ -85,12 +71,8 @@ def with_null_blocks(inputs, query_length, sep_id: int, rate: float):
 
 
 @task_factory.register_task_cls(configs.ReaderMlmTaskConfig)
-class ReaderMlmTask(base_task.Task):
+class ReaderMlmTask(base.RealmBaseTask):
   """Masked-LM on ``[CLS] sentence [SEP] body [SEP]``; logs loss and masked-token accuracy."""
-
-  @property
-  def jit_compile(self) -> bool:
-    return self.task_config.jit_compile
 
   def build_model(self) -> ReaderModel:
     return ReaderModel(modeling.build_reader(self.task_config.model))
@@ -100,30 +82,27 @@ class ReaderMlmTask(base_task.Task):
       model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
                             allow_missing=True, reader=model.reader)
 
-  def write_model_metadata(self, model_dir: str):
+  def model_dir_config(self):
     cfg = self.task_config
-    model_config = configs.RealmModelConfig(
+    return configs.RealmModelConfig(
         reader=cfg.model, retriever=configs.RetrieverConfig(encoder=cfg.model.encoder),
-        vocab_file=cfg.vocab_file)
-    model_dir_lib.write_metadata(model_dir, model_config, cfg.vocab_file)
+        vocab_file=cfg.vocab_file), cfg.vocab_file
 
-  def build_inputs(self, params: configs.RealmDataConfig, input_context=None):
-    from data_prep import schema  # pylint: disable=g-import-not-at-top
+  def build_inputs(self, params: configs.IctDataConfig, input_context=None):
     from realm_tf.tokenization import RealmTokenizer  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
     tokenizer = RealmTokenizer(cfg.vocab_file)
     sep_id, mask_id = tokenizer.sep_id, tokenizer.mask_id
-    ds, batch_size = ict.example_records(params, input_context, cfg.query_seq_length,
-                                         cfg.block_seq_length)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    lengths = dict(query_seq_length=cfg.query_seq_length, block_seq_length=cfg.block_seq_length)
+    loader = loaders.get_loader(params, **lengths)
 
     def to_reader(serialized):
-      ex = schema.parse_ict_example(serialized, cfg.query_seq_length, cfg.block_seq_length)
+      ex = contract.parse_ict_example(serialized, **lengths)
       query = tf.ragged.boolean_mask(ex["query_ids"], ex["query_mask"] > 0)
       body = tf.ragged.boolean_mask(ex["block_ids"],
                                     (ex["block_type_ids"] > 0) & (ex["block_mask"] > 0))
-      inputs = blocks_lib.pack_block_ids(tf.concat([query, body], axis=1),
-                                         cfg.model.seq_length, sep_id)
+      inputs = contract.pack_block_ids(tf.concat([query, body], axis=1),
+                                       cfg.model.seq_length, sep_id)
       query_length = tf.cast(query.row_lengths(), tf.int32)
       inputs = with_null_blocks(inputs, query_length, sep_id, cfg.null_block_rate)
       masked, positions, labels, weights = mask_sentences(
@@ -131,29 +110,24 @@ class ReaderMlmTask(base_task.Task):
       return dict(inputs, input_word_ids=masked, masked_lm_positions=positions,
                   masked_lm_ids=labels, masked_lm_weights=weights)
 
-    return ds.map(to_reader, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+    return loader.serialized(input_context).map(
+        to_reader, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
 
-  def train_step(self, inputs, model, optimizer, metrics=None):
-    with tf.GradientTape() as tape:
-      logits = model.reader(inputs, training=True)["mlm_logits"]
-      nll = tf.nn.sparse_softmax_cross_entropy_with_logits(inputs["masked_lm_ids"], logits)
-      w = inputs["masked_lm_weights"]
-      local = tf.reduce_sum(w)
-      ctx = tf.distribute.get_replica_context()
-      total = ctx.all_reduce(tf.distribute.ReduceOp.SUM, local) if ctx is not None else local
-      loss = tf.reduce_sum(nll * w) / tf.maximum(total, 1.0)
-    variables = model.trainable_variables
-    # The pooler takes no part in the MLM loss: leave it out.
-    optimizer.apply_gradients((g, v) for g, v in zip(tape.gradient(loss, variables), variables)
-                              if g is not None)
+  def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:
+    """This replica's share of the global mean cross-entropy of the masked tokens."""
+    nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels["masked_lm_ids"],
+                                                         model_outputs)
+    w = labels["masked_lm_weights"]
+    return losses.global_mean_share(tf.reduce_sum(nll * w), tf.reduce_sum(w))
+
+  def build_metrics(self, training=None):
+    return [tf_keras.metrics.Mean("mlm_accuracy")]
+
+  def forward(self, inputs, model, metrics, training: bool):
+    logits = model.reader(inputs, training=training)["mlm_logits"]
+    loss = self.build_losses(inputs, logits)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                inputs["masked_lm_ids"]), tf.float32)
-    return dict(loss=loss, correct=tf.reduce_sum(correct * w), tokens=local,
-                examples=tf.cast(tf.shape(w)[0], tf.float32))
-
-  def summarize(self, totals: Dict[str, float], num_steps: int) -> Dict[str, float]:
-    return dict(loss=totals["loss"] / max(num_steps, 1),
-                mlm_accuracy=totals["correct"] / max(totals["tokens"], 1.0))
-
-  def close(self):
-    pass
+    for metric in metrics or []:
+      metric.update_state(correct, sample_weight=inputs["masked_lm_weights"])
+    return loss

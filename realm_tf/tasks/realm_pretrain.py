@@ -1,26 +1,42 @@
-"""The REALM pre-training task, registered with Model Garden's task factory."""
+"""The REALM pre-training task: retrieve (host) -> rescore + read + marginalize (device).
+
+Training inputs retrieve through the index that ``realm-refresh`` publishes in ``index_dir``
+(swapped between batches as newer ones appear, unless ``refresh_index`` is off: the
+stale-index ablation). Validation measures the model on held-out masked sentences, retrieving
+exactly over the corpus embedded with the current block tower at the start of each pass:
+
+* ``recall@k``: zero-shot retrieval recall (Table 2 of the paper): does one of the top-k
+  blocks (the sentence's own block excluded) hold the masked answer (``answers.holds_answer``)?
+* ``retrieval_utility``: ``log p(y|x) - log p(y|null,x)`` per example, reading the null block
+  and the top ``num_candidates - 1`` blocks; ``mlm_accuracy`` of the marginal prediction.
+"""
 
 import logging
-from typing import Dict
 
+import numpy as np
 import tensorflow as tf
-from official.core import base_task
+import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.tasks import losses
-from realm_tf.tasks import retrieval_inputs
-from realm_tf.tasks.realm_model import RealmPretrainer
+from realm_tf.data import answers
+from realm_tf.data import contract
+from realm_tf.data import loaders
+from realm_tf.modeling import losses
+from realm_tf.modeling.models import RealmPretrainer
+from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.tasks import base
 from realm_tf.tokenization import RealmTokenizer
 
 DEVICE_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "candidate_word_ids",
                    "candidate_mask", "candidate_type_ids", "reader_word_ids", "reader_mask",
                    "reader_type_ids", "mlm_positions", "mlm_ids", "mlm_weights", "index_step")
+VALIDATION_FEATURES = DEVICE_FEATURES + ("recall_hit",)
 
 
 def replica_loss(model, features, training: bool):
-  """The replicated computation: per-replica loss share and metric sums.
+  """The replicated computation: this replica's loss share and per-example metrics.
 
   The loss is the mean over all real mask tokens of the global batch of
   ``-log sum_z p(z|x) p(y_j|z,x)``; each replica returns its share (its token sum divided by
@@ -30,29 +46,19 @@ def replica_loss(model, features, training: bool):
   out = model(features, training=training)
   m = losses.realm_metrics(out["retrieval_logits"], out["mlm_logits"], features["mlm_ids"],
                            features["mlm_weights"])
-  local_tokens = tf.reduce_sum(m["num_tokens"])
-  ctx = tf.distribute.get_replica_context()
-  global_tokens = (ctx.all_reduce(tf.distribute.ReduceOp.SUM, local_tokens)
-                   if ctx is not None else local_tokens)
-  loss = tf.reduce_sum(m["nll_sum"]) / tf.maximum(global_tokens, 1.0)
-  sums = dict(loss=loss, tokens=local_tokens, correct=tf.reduce_sum(m["correct"]),
-              retrieval_utility=tf.reduce_sum(m["retrieval_utility"]),
-              entropy=tf.reduce_sum(m["entropy"]),
-              examples=tf.cast(tf.shape(m["entropy"])[0], tf.float32))
-  return loss, sums
+  return losses.realm_loss_share(m), m
 
 
 @task_factory.register_task_cls(configs.RealmPretrainTaskConfig)
-class RealmPretrainTask(base_task.Task):
-  """Retrieve (host) -> rescore + read + marginalize (device)."""
+class RealmPretrainTask(base.RealmBaseTask):
+  """REALM pre-training with validation (see the module docstring)."""
 
   def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
     super().__init__(params, logging_dir=logging_dir, name=name)
-    self._builder = None
-
-  @property
-  def jit_compile(self) -> bool:
-    return self.task_config.jit_compile
+    self._builder = None           # training: retrieves through the published index
+    self._eval_builder = None      # validation: exact retrieval with the current towers
+    self._eval_loader = None
+    self._eval_features = None
 
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
@@ -71,78 +77,139 @@ class RealmPretrainTask(base_task.Task):
       model_dir_lib.restore(path, allow_missing=True, reader=model.reader)
       logging.info("reader initialized from %s", path)
 
-  def write_model_metadata(self, model_dir: str):
-    model_dir_lib.write_metadata(model_dir, self.task_config.model,
-                                 self.task_config.model.vocab_file)
+  def model_dir_config(self):
+    return self.task_config.model, self.task_config.model.vocab_file
 
   # ---- inputs ----
-  def candidate_builder(self, handle=None) -> retrieval_inputs.CandidateBuilder:
-    """The host pipeline over ``train_data.blocks_dir`` and the index in ``index_dir``."""
-    from data_prep import schema  # pylint: disable=g-import-not-at-top
+  def candidate_builder(self, handle=None) -> candidates_lib.CandidateBuilder:
+    """The host pipeline over ``train_data.blocks_dir`` and the index in ``index_dir``.
+
+    Waits (up to ``index_wait_seconds``) for the first index when no ``handle`` is given.
+    """
     from realm_tf.retrieval.handle import IndexHandle  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
     blocks_dir = cfg.train_data.blocks_dir
-    manifest = schema.load_manifest(blocks_dir)
+    manifest = contract.load_blocks_manifest(blocks_dir)
     if handle is None:
       handle = IndexHandle(cfg.index_dir, expected_fingerprint=manifest["fingerprint"],
                            expected_dim=cfg.model.retriever.projection_size,
-                           wait_seconds=cfg.index_wait_seconds)
+                           wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index)
       handle.wait_for_first()
-    tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-    return retrieval_inputs.CandidateBuilder(
-        schema.read_blocks(blocks_dir), cfg.model, handle, tokenizer.cls_id, tokenizer.sep_id,
-        refresh=cfg.refresh_index)
+    return self._builder_over(blocks_dir, handle)
 
-  def build_inputs(self, params: configs.RealmDataConfig, input_context=None):
+  def _builder_over(self, blocks_dir, handle):
     cfg = self.task_config
-    batch_size = (input_context.get_per_replica_batch_size(params.global_batch_size)
-                  if input_context else params.global_batch_size)
-    if self._builder is None:
-      self._builder = self.candidate_builder()
-    builder = self._builder
-    examples = retrieval_inputs.read_examples(params.input_path,
-                                              cfg.model.retriever.query_seq_length,
-                                              cfg.model.max_masks)
-    if input_context and input_context.num_input_pipelines > 1:
-      examples = examples.shard(input_context.num_input_pipelines,
-                                input_context.input_pipeline_id)
-    if params.is_training:
-      examples = examples.shuffle(params.shuffle_buffer_size, seed=params.seed).repeat()
-    examples = examples.batch(batch_size, drop_remainder=params.is_training)
+    tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+    return candidates_lib.CandidateBuilder(
+        contract.read_blocks(blocks_dir), cfg.model, handle, tokenizer.cls_id,
+        tokenizer.sep_id, refresh=cfg.refresh_index)
+
+  def _loader(self, params):
+    model = self.task_config.model
+    return loaders.get_loader(params, query_seq_length=model.retriever.query_seq_length,
+                              max_masks=model.max_masks)
+
+  def build_inputs(self, params: configs.MaskedLmDataConfig, input_context=None):
+    signature = candidates_lib.feature_signature(self.task_config.model)
+    signature["recall_hit"] = tf.TensorSpec([None], tf.float32)
+    if not params.is_training:
+      return self._validation_inputs(params, input_context, signature)
+    examples = self._loader(params).load(input_context)
 
     def generate():
+      # Built at the first batch, not here: the first index needs ckpt-0, which the trainer
+      # saves after building its inputs.
+      if self._builder is None:
+        self._builder = self.candidate_builder()
+      builder = self._builder
       for batch in examples.as_numpy_iterator():
         if builder.maybe_swap():
           logging.info("swapped in the index of step %d", builder.handle.step)
         features = builder.features(batch)
         yield {k: features[k] for k in DEVICE_FEATURES}
 
-    signature = retrieval_inputs.feature_signature(cfg.model)
-    signature = {k: signature[k] for k in DEVICE_FEATURES}
-    return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(1)
+    return tf.data.Dataset.from_generator(
+        generate, output_signature={k: signature[k] for k in DEVICE_FEATURES}).prefetch(1)
 
-  # ---- steps ----
+  def _validation_inputs(self, params, input_context, signature):
+    """Batches of the features that ``validation_begin`` prepared for this pass."""
+    self._eval_loader = self._loader(params)
+    batch_size = loaders.per_replica_batch_size(params.global_batch_size, input_context)
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline = input_context.input_pipeline_id if input_context else 0
+
+    def generate():
+      if self._eval_features is None:
+        raise RuntimeError("validation_begin(model) must run before a validation pass")
+      features = {k: v[pipeline::pipelines] for k, v in self._eval_features.items()}
+      for start in range(0, len(features["recall_hit"]), batch_size):
+        yield {k: v[start:start + batch_size] for k, v in features.items()}
+
+    return tf.data.Dataset.from_generator(
+        generate, output_signature={k: signature[k] for k in VALIDATION_FEATURES})
+
+  def validation_begin(self, model: RealmPretrainer):
+    """Embeds the corpus with the current block tower and retrieves for the held-out
+    sentences exactly (called by the trainer at the start of each validation pass)."""
+    from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
+    cfg = self.task_config
+    blocks_dir = cfg.validation_data.blocks_dir or cfg.train_data.blocks_dir
+    if self._eval_builder is None:
+      self._eval_builder = self._builder_over(blocks_dir, None)
+    builder = self._eval_builder
+    retriever = cfg.model.retriever
+    ids, emb = corpus_embedding.embed_corpus(
+        model.block_embedder, blocks_dir, retriever.block_seq_length, cfg.model.vocab_file,
+        cfg.model.lower_case, progress=False)
+    index = mips_index.BruteForceIndex(
+        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+    examples = self._eval_loader.read_all()
+    embed = tf.function(lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
+    queries = np.concatenate([
+        embed(dict(input_word_ids=examples["query_ids"][i:i + 256],
+                   input_mask=examples["query_mask"][i:i + 256],
+                   input_type_ids=np.zeros_like(examples["query_ids"][i:i + 256]))).numpy()
+        for i in range(0, len(examples["query_ids"]), 256)])
+    depth = min(max(cfg.recall_at, builder.k - 1) + builder.search_slack, builder.null_row)
+    ranked, _ = index.search(queries, depth)
+    hits = [any(answers.holds_answer(builder.bodies_text[b], answer)
+                for b in builder.non_trivial(row, uid)[:cfg.recall_at])
+            for row, uid, answer in zip(ranked, examples["source_uid"], examples["answer"])]
+    candidates = builder.select_candidates(ranked, examples["source_uid"])
+    features = builder.features(examples, candidates=candidates)
+    self._eval_features = dict({k: features[k] for k in DEVICE_FEATURES},
+                               recall_hit=np.asarray(hits, np.float32))
+
+  # ---- losses, metrics, steps ----
+  def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:
+    """This replica's share of the global per-token mean of ``-log p(y|x)``
+    (``model_outputs``: ``losses.realm_metrics``)."""
+    return losses.realm_loss_share(model_outputs)
+
+  def build_metrics(self, training=None):
+    names = ["mlm_accuracy", "retrieval_utility", "retrieval_entropy"]
+    names += ["index_age"] if training else [f"recall@{self.task_config.recall_at}"]
+    return [tf_keras.metrics.Mean(n) for n in names]
+
+  def forward(self, inputs, model, metrics, training: bool):
+    loss, m = replica_loss(model, inputs, training=training)
+    by_name = {metric.name: metric for metric in metrics or []}
+    if by_name:
+      by_name["mlm_accuracy"].update_state(m["correct"] / tf.maximum(m["num_tokens"], 1.0),
+                                           sample_weight=m["num_tokens"])
+      by_name["retrieval_utility"].update_state(m["retrieval_utility"])
+      by_name["retrieval_entropy"].update_state(m["entropy"])
+      if "recall_hit" in inputs:
+        by_name[f"recall@{self.task_config.recall_at}"].update_state(inputs["recall_hit"])
+    return loss
+
   def train_step(self, inputs, model, optimizer, metrics=None):
-    with tf.GradientTape() as tape:
-      loss, sums = replica_loss(model, inputs, training=True)
+    logs = super().train_step(inputs, model, optimizer, metrics)
     # Off-policy delay: how many steps old the index that retrieved these candidates is.
-    sums["index_age"] = tf.reduce_sum(tf.cast(optimizer.iterations, tf.float32) -
-                                      tf.cast(inputs["index_step"], tf.float32))
-    grads = tape.gradient(loss, model.trainable_variables)
-    # The reader's pooler takes no part in the MLM loss: leave it out.
-    optimizer.apply_gradients((g, v) for g, v in zip(grads, model.trainable_variables)
-                              if g is not None)
-    return sums
-
-  def summarize(self, totals: Dict[str, float], num_steps: int) -> Dict[str, float]:
-    """Logged metrics from the per-step sums accumulated over ``num_steps`` steps."""
-    n = max(totals.get("examples", 0.0), 1.0)
-    return dict(loss=totals["loss"] / max(num_steps, 1),
-                mlm_accuracy=totals["correct"] / max(totals["tokens"], 1.0),
-                retrieval_utility=totals["retrieval_utility"] / n,
-                retrieval_entropy=totals["entropy"] / n,
-                index_age=totals["index_age"] / n)
-
-  def close(self):
-    if self._builder is not None:
-      self._builder.handle.close()
+    index_age = (tf.cast(optimizer.iterations, tf.float32) - 1.0 -
+                 tf.cast(inputs["index_step"], tf.float32))
+    for metric in metrics or []:
+      if metric.name == "index_age":
+        metric.update_state(index_age)
+    return logs

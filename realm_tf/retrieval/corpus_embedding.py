@@ -27,7 +27,7 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf import tokenization
-from realm_tf.retrieval import blocks as blocks_lib
+from realm_tf.data import contract
 from realm_tf.retrieval import errors
 
 _SHARD_RE = re.compile(r"embeddings-shard-(\d+)-of-(\d+)\.npy$")
@@ -38,7 +38,7 @@ def _tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
   sha1 = manifest.get("vocab_sha1")
   if sha1 is None:
     return True  # No way to tell; trust the data.
-  if sha1 != blocks_lib.file_sha1(vocab_file):
+  if sha1 != contract.file_sha1(vocab_file):
     return False
   return bool(manifest.get("lower_case", lower_case)) == bool(lower_case)
 
@@ -63,8 +63,8 @@ def block_dataset(blocks_dir: str,
   """
   if num_shards < 1 or not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index {shard_index} is not in [0, num_shards={num_shards})")
-  manifest = blocks_lib.load_manifest(blocks_dir)
-  files = blocks_lib.shard_files(blocks_dir, manifest)
+  manifest = contract.load_blocks_manifest(blocks_dir)
+  files = contract.block_shard_files(blocks_dir, manifest)
   vocab = tokenization.load_vocab(vocab_file)
   sep_id = vocab.index("[SEP]")
   if _tokens_match(manifest, vocab_file, lower_case):
@@ -84,9 +84,9 @@ def block_dataset(blocks_dir: str,
     dataset = dataset.shard(total_shards, shard_index * pipelines + pipeline_id)
 
   def to_inputs(serialized):
-    parsed = blocks_lib.parse_batch(serialized)
+    parsed = contract.parse_block_batch(serialized)
     if tokenizer is None:
-      inputs = blocks_lib.pack_block_ids(parsed["token_ids"], seq_length, sep_id)
+      inputs = contract.pack_block_ids(parsed["token_ids"], seq_length, sep_id)
     else:
       inputs = tokenizer.block_inputs(parsed["title"], parsed["body"], seq_length)
     return parsed["block_id"], inputs
@@ -142,7 +142,7 @@ def embed_corpus(block_embedder: Callable,
   Args:
     block_embedder: a ``RealmEmbedder`` (created under ``strategy.scope()`` when a strategy is
       given) mapping int32 inputs ``[b, seq_length]`` to float ``[b, d]``.
-    blocks_dir: a blocks directory (see ``blocks.py``).
+    blocks_dir: a blocks directory (see ``realm_tf.data.contract``).
     seq_length: the model's block length; longer blocks are trimmed, shorter ones padded.
     vocab_file, lower_case: the model's vocabulary (to check the blocks' tokenization).
     batch_size: global batch size (split over the strategy's replicas).
@@ -155,7 +155,7 @@ def embed_corpus(block_embedder: Callable,
     reading order.
   """
   strategy = strategy or tf.distribute.get_strategy()
-  manifest = blocks_lib.load_manifest(blocks_dir)
+  manifest = contract.load_blocks_manifest(blocks_dir)
   total = shard_size(int(manifest["num_blocks"]), shard_index, num_shards)
   if total == 0:
     raise errors.EmptyCorpusError(
@@ -266,15 +266,15 @@ def sample_query_inputs(blocks_dir: str, num_queries: int, seq_length: int, voca
   ``[SEP]`` and segment 0 throughout: realistic inputs for the query tower, used to measure the
   recall of an approximate index against exact search on the embeddings it will really see.
   """
-  manifest = blocks_lib.load_manifest(blocks_dir)
-  files = blocks_lib.shard_files(blocks_dir, manifest)
+  manifest = contract.load_blocks_manifest(blocks_dir)
+  files = contract.block_shard_files(blocks_dir, manifest)
   num_queries = min(num_queries, int(manifest["num_blocks"]))
   dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
       tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
   serialized = next(iter(dataset.take(num_queries).batch(num_queries)))
-  parsed = blocks_lib.parse_batch(serialized)
+  parsed = contract.parse_block_batch(serialized)
   if _tokens_match(manifest, vocab_file, lower_case):
     sep_id = tokenization.load_vocab(vocab_file).index("[SEP]")
-    return blocks_lib.pack_block_ids(parsed["token_ids"], seq_length, sep_id, segment_ids=False)
+    return contract.pack_block_ids(parsed["token_ids"], seq_length, sep_id, segment_ids=False)
   tokenizer = tokenization.RealmTokenizer(vocab_file, lower_case=lower_case)
   return tokenizer.query_inputs(parsed["body"], seq_length)

@@ -62,3 +62,29 @@ def realm_metrics(retrieval_logits, mlm_logits, mlm_ids, mlm_weights) -> Dict[st
       correct=tf.reduce_sum(correct * weights, axis=1),
       token_log_p=out["token_log_p"],
       token_log_p_given_z=out["token_log_p_given_z"])
+
+
+def global_mean_share(total, count):
+  """This replica's share of a global mean: ``total / (count summed over all replicas)``.
+
+  Summing the shares over replicas gives the mean over the global batch, so gradients need no
+  further scaling under any strategy (the optimizer sums the replicas' gradients). ``total``
+  and ``count`` are this replica's sums (e.g. of per-token losses and of real tokens).
+  """
+  ctx = tf.distribute.get_replica_context()
+  count = tf.cast(count, tf.float32)
+  if ctx is not None and ctx.num_replicas_in_sync > 1:
+    count = ctx.all_reduce(tf.distribute.ReduceOp.SUM, count)
+  return tf.cast(total, tf.float32) / tf.maximum(count, 1.0)
+
+
+def realm_loss_share(metrics: Dict[str, tf.Tensor]) -> tf.Tensor:
+  """This replica's share of the global per-token mean of ``-log p(y|x)``, from
+  ``realm_metrics``' per-example ``nll_sum`` and ``num_tokens``."""
+  return global_mean_share(tf.reduce_sum(metrics["nll_sum"]),
+                           tf.reduce_sum(metrics["num_tokens"]))
+
+
+def num_replicas() -> int:
+  ctx = tf.distribute.get_replica_context()
+  return ctx.num_replicas_in_sync if ctx is not None else 1

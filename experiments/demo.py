@@ -1,4 +1,7 @@
-r"""realm-demo: the whole REALM pipeline at toy size on the embedded synthetic world.
+r"""realm-demo (``make demo``): the whole REALM pipeline at toy size on the synthetic world.
+
+An experiment, not a library: it drives the data pipelines, ``realm-train`` and
+``realm-refresh`` exactly as a user would, at the sizes that fit 2 CPU cores in 20 minutes.
 
 1. generate the synthetic knowledge world and learn a WordPiece vocabulary from it (every name
    word and year one wordpiece), and ``--reading_worlds`` counterfactual worlds: the same names,
@@ -11,7 +14,8 @@ r"""realm-demo: the whole REALM pipeline at toy size on the embedded synthetic w
    processes (the refresher re-embeds the corpus from each new checkpoint);
 5. at the same time, the stale-index ablation: the same run with the index built once and
    never refreshed;
-6. held-out evaluation before (the ICT starting point) and after pre-training.
+6. held-out evaluation (``realm-train --mode=eval``: the REALM task's validation) of the
+   starting point (the ICT towers and the reading reader) and of both runs.
 
 Everything goes under ``--output_dir``; a summary is printed and saved as ``results.json``.
 """
@@ -37,10 +41,9 @@ flags.DEFINE_float("ict_learning_rate", 5e-4, "ICT peak learning rate.")
 flags.DEFINE_integer("realm_steps", 1000, "REALM pre-training steps (each run).")
 flags.DEFINE_float("realm_learning_rate", 1e-4, "REALM peak learning rate.")
 flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
-flags.DEFINE_integer("eval_examples", 1000, "Held-out masked sentences to evaluate on.")
 flags.DEFINE_bool("stale_ablation", True, "Also run the never-refreshed index ablation.")
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
 
 def _say(message: str) -> None:
@@ -102,6 +105,12 @@ def schedule(steps, learning_rate, prefix="trainer.optimizer_config.learning_rat
           f"{prefix}.initial_learning_rate={learning_rate}"]
 
 
+def intervals(every):
+  """Checkpoints, summaries and host round trips every ``every`` steps."""
+  return [f"trainer.checkpoint_interval={every}", f"trainer.summary_interval={every}",
+          f"trainer.steps_per_loop={every}", f"trainer.validation_interval={every}"]
+
+
 def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir, reader_dir):
   return ",".join([
       f"task.model.vocab_file={vocab}",
@@ -109,13 +118,13 @@ def realm_overrides(vocab, dirs, index_dir, steps, refresh, ict_dir, reader_dir)
       f"task.model.reader.encoder.vocab_size={vocab_size(vocab)}",
       f"task.train_data.input_path={os.path.join(dirs['pretrain'], 'train-*')}",
       f"task.train_data.blocks_dir={dirs['blocks']}",
+      f"task.validation_data.input_path={os.path.join(dirs['pretrain'], 'eval-*')}",
+      f"task.validation_data.blocks_dir={dirs['blocks']}",
       f"task.index_dir={index_dir}",
       f"task.refresh_index={str(refresh).lower()}",
       f"task.retriever_init_checkpoint={ict_dir}",
       f"task.reader_init_checkpoint={reader_dir}",
-      f"trainer.checkpoint_interval={FLAGS.refresh_every}",
-      f"trainer.summary_interval={FLAGS.refresh_every}",
-  ] + schedule(steps, FLAGS.realm_learning_rate))
+  ] + intervals(FLAGS.refresh_every) + schedule(steps, FLAGS.realm_learning_rate))
 
 
 def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
@@ -135,7 +144,7 @@ def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
                       "--index_type=brute_force"]
     if not refresh:
       refresher_args.append("--max_builds=1")   # one index, from the ICT starting point
-    trainer_args = ["realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+    trainer_args = ["realm_tf.binaries.train", "--experiment=realm_pretrain_cpu", "--mode=train",
                     f"--config_file={os.path.join(CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
                     f"--model_dir={model_dir}",
                     "--params_override=" + realm_overrides(vocab, dirs, index_dir,
@@ -163,16 +172,20 @@ def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
   return results
 
 
+def evaluate(params, model_dir):
+  """The REALM task's validation of ``model_dir`` (``realm-train --mode=eval``)."""
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  return train_lib.run_experiment(params, model_dir, mode="eval")
+
+
 def main(argv):
   del argv
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from data_prep import schema  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import evaluation  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import ict  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import reader_read  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
 
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
@@ -180,36 +193,35 @@ def main(argv):
   _say(f"writing everything under {out}")
   world, files, prepared, reading = prepare_data(out)
   dirs, vocab = prepared["dirs"], files["vocab"]
-  blocks = schema.read_blocks(dirs["blocks"])
-  _say(f"world: {len(world.articles)} articles -> {len(blocks)} blocks, "
+  num_blocks = contract.load_blocks_manifest(dirs["blocks"])["num_blocks"]
+  _say(f"world: {len(world.articles)} articles -> {num_blocks} blocks, "
        f"{prepared['pretrain']['num_train']} masked training sentences, "
        f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs; "
        f"{len(reading)} reading worlds")
 
-  def warm_start(name, experiment, task_cls, steps, learning_rate, overrides, yaml_files=()):
-    """Trains a warm-start stage into ``out/name``; returns (dir, metrics)."""
+  def warm_start(name, experiment, steps, learning_rate, overrides, yaml_files=()):
+    """Trains a warm-start stage into ``out/name``; returns (dir, last training logs)."""
     model_dir = os.path.join(out, name)
     params = configs.load_experiment(
         experiment, [os.path.join(CONFIG_DIR, f"{experiment}__demo.yaml"), *yaml_files],
         ",".join(overrides + schedule(steps, learning_rate)))
     _say(f"{name} warm start ({steps} steps) -> {model_dir}")
-    metrics = train_lib.run(task_cls(params.task), params, model_dir)
-    _say(f"{name} done: {metrics}")
+    metrics = train_lib.run_experiment(params, model_dir, mode="train")
+    _say(f"{name} done: { {k: round(v, 4) for k, v in metrics.items()} }")
     return model_dir, metrics
 
   n = vocab_size(vocab)
-  # The reading corpora are comma-separated lists, which an override string cannot hold.
   corpora = os.path.join(out, "reading_corpora.yaml")
   with open(corpora, "w") as f:
     json.dump({"task": {"train_data": {
-        "input_path": ",".join(os.path.join(d["pretrain"], "train-*") for d in reading),
-        "blocks_dir": ",".join(d["blocks"] for d in reading)}}}, f)   # JSON is YAML
+        "input_path": [os.path.join(d["pretrain"], "train-*") for d in reading],
+        "blocks_dir": [d["blocks"] for d in reading]}}}, f)   # JSON is YAML
   reader_dir, reader_metrics = warm_start(
-      "reader_read", "reader_read_cpu", reader_read.ReaderReadTask, FLAGS.reading_steps, 1e-3,
+      "reader_read", "reader_read_cpu", FLAGS.reading_steps, 1e-3,
       [f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
        f"task.model.retriever.encoder.vocab_size={n}"], [corpora])
   ict_dir, ict_metrics = warm_start(
-      "ict", "ict_cpu", ict.IctTask, FLAGS.ict_steps, FLAGS.ict_learning_rate,
+      "ict", "ict_cpu", FLAGS.ict_steps, FLAGS.ict_learning_rate,
       [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
        f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"])
 
@@ -217,24 +229,30 @@ def main(argv):
   trained = pretrain(wanted, vocab, dirs, ict_dir, reader_dir, out)
   runs = {"refreshed" if wanted[name] else "stale": run for name, run in trained.items()}
 
-  eval_files = schema.example_files(dirs["pretrain"], schema.EVAL_SPLIT)
-  arrays = next(tf.data.TFRecordDataset(eval_files).take(FLAGS.eval_examples).batch(
-      FLAGS.eval_examples).map(lambda r: schema.parse_pretrain_example(r, 32)).as_numpy_iterator())
-  realm_dir = runs["refreshed"][0]
-  # The starting point of REALM pre-training: the ICT towers and the warm-started reader.
-  rows = {"start (ICT, reading reader)": evaluation.evaluate(
-      realm_dir, model_dir_lib.latest_checkpoint(ict_dir), blocks, arrays,
-      model_config=model_dir_lib.load_config(realm_dir),
-      reader_checkpoint=model_dir_lib.latest_checkpoint(reader_dir))}
+  def eval_params(model_dir):
+    return configs.load_experiment(
+        "realm_pretrain_cpu", [os.path.join(CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
+        realm_overrides(vocab, dirs, os.path.join(out, "unused_index"), FLAGS.realm_steps,
+                        True, ict_dir, reader_dir))
+
+  # The starting point of REALM pre-training: evaluated in an empty model directory, the
+  # REALM task initializes from the ICT towers and the warm-started reader.
+  start_dir = os.path.join(out, "realm_start")
+  tf.io.gfile.makedirs(start_dir)
+  rows = {"start (ICT, reading reader)": dict(
+      evaluate(eval_params(start_dir), start_dir),
+      step=model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(ict_dir)))}
   for name, (model_dir, builds) in runs.items():
-    result = evaluation.evaluate(model_dir, model_dir_lib.latest_checkpoint(model_dir), blocks,
-                                 arrays)
+    result = evaluate(eval_params(model_dir), model_dir)
+    result["step"] = model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(model_dir))
     result["indexes_built"] = builds
     rows[f"REALM, {name} index"] = result
+  held_out = prepared["pretrain"]["num_eval"]
+  for row in rows.values():
+    row["examples"] = held_out
 
   print("\n" + "=" * 78)
-  print(f"REALM demo on the synthetic world: {len(arrays['query_ids'])} held-out masked "
-        "sentences")
+  print(f"REALM demo on the synthetic world: {held_out} held-out masked sentences")
   print(f"{'model':28s} {'step':>6s} {'recall@5':>9s} {'retr. utility':>14s} "
         f"{'MLM acc':>8s}")
   for name, r in rows.items():

@@ -1,6 +1,6 @@
 """The host side of REALM pre-training: retrieve candidates and build fixed-shape inputs.
 
-For a batch of masked queries (``data_prep`` pre-training examples):
+For a batch of masked queries (the pre-training examples pipeline's output):
 
 1. embed the queries with the query-tower snapshot stored with the current index;
 2. search the top ``k - 1 + slack`` blocks through the ``IndexHandle``;
@@ -13,7 +13,6 @@ Between batches ``maybe_swap`` picks up a newer index (unless refreshing is disa
 stale-index ablation), and every batch carries the step of the index it was retrieved with.
 """
 
-import logging
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -22,25 +21,22 @@ import tensorflow as tf
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
-from realm_tf.retrieval import blocks as blocks_lib
-
-
-class InputError(ValueError):
-  """Examples that do not fit the model config or the corpus."""
+from realm_tf.data import contract
+from realm_tf.data.loaders import InputError
 
 
 def pack_blocks(blocks: List[Dict], seq_length: int, cls_id: int, sep_id: int):
   """Blocks (``token_ids`` = ``[CLS] title [SEP] body [SEP]``) -> fixed-length arrays.
 
   Row ``len(blocks)`` is the null block ``[CLS] [SEP] [SEP]``. The packing is the refresher's
-  (``retrieval.blocks.pack_block_ids``), so the trainer rescores exactly what the index
+  (``contract.pack_block_ids``), so the trainer rescores exactly what the index
   embedded. Returns ``word_ids``, ``mask``, ``type_ids`` (int32 ``[n + 1, seq_length]``) and
   ``bodies``: per row, the body tokens with their closing ``[SEP]`` (for the reader).
   """
   rows = [np.asarray(b["token_ids"], np.int32) for b in blocks]
   rows.append(np.array([cls_id, sep_id, sep_id], np.int32))
-  packed = blocks_lib.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
-                                     sep_id)
+  packed = contract.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
+                                   sep_id)
   bodies = [tokens[int(np.argmax(tokens == sep_id)) + 1:] for tokens in rows]
   return (packed["input_word_ids"].numpy(), packed["input_mask"].numpy(),
           packed["input_type_ids"].numpy(), bodies)
@@ -50,7 +46,7 @@ class CandidateBuilder:
   """Turns pre-training examples into REALM's device inputs, retrieving through an index.
 
   Args:
-    blocks: the corpus, as ``data_prep.schema.read_blocks`` returns it (``block_id`` = row).
+    blocks: the corpus, as ``contract.read_blocks`` returns it (``block_id`` = row).
     model_config: the ``RealmModelConfig`` (sequence lengths, number of candidates).
     handle: an ``IndexHandle`` (``search``, ``maybe_swap``, ``step``,
       ``query_embedder_checkpoint``); ``None`` for callers that pass candidates themselves.
@@ -67,6 +63,7 @@ class CandidateBuilder:
                        f"num_candidates={self.k}")
     self.null_row = len(blocks)
     self.uids = np.array([b["uid"] for b in blocks] + [""])
+    self.bodies_text = [b.get("body", "") for b in blocks] + [""]
     self.cls_id, self.sep_id = cls_id, sep_id
     (self.block_word_ids, self.block_mask, self.block_type_ids,
      self.bodies) = pack_blocks(blocks, model_config.retriever.block_seq_length, cls_id, sep_id)
@@ -94,17 +91,21 @@ class CandidateBuilder:
   def retrieve(self, query_word_ids, query_mask, source_uids) -> np.ndarray:
     """Candidate rows ``[b, k]``: null row first, then the top non-trivial blocks."""
     embed = self._query_embedder()
-    emb = embed(dict(input_word_ids=query_word_ids, input_mask=query_mask,
-                     input_type_ids=np.zeros_like(query_word_ids))).numpy()
+    emb = tf.cast(embed(dict(input_word_ids=query_word_ids, input_mask=query_mask,
+                             input_type_ids=np.zeros_like(query_word_ids))), tf.float32).numpy()
     ids, _ = self.handle.search(emb, min(self.k - 1 + self.search_slack, self.null_row))
     return self.select_candidates(np.asarray(ids), source_uids)
+
+  def non_trivial(self, ranked_row, source_uid) -> List[int]:
+    """The ranked blocks whose uid is not the query's source uid, in order."""
+    uid = source_uid.decode() if isinstance(source_uid, bytes) else source_uid
+    return [int(b) for b in ranked_row if b >= 0 and self.uids[b] != uid]
 
   def select_candidates(self, ranked_ids: np.ndarray, source_uids) -> np.ndarray:
     """Drops blocks with the query's source uid, puts the null row first, keeps k."""
     out = np.full([len(ranked_ids), self.k], self.null_row, np.int32)
     for i, (row, uid) in enumerate(zip(ranked_ids, source_uids)):
-      uid = uid.decode() if isinstance(uid, bytes) else uid
-      kept = [int(b) for b in row if b >= 0 and self.uids[b] != uid][:self.k - 1]
+      kept = self.non_trivial(row, uid)[:self.k - 1]
       if len(kept) < self.k - 1:
         raise InputError(f"only {len(kept)} non-trivial blocks retrieved for query {i}; "
                          "search deeper (search_slack) or use a larger corpus")
@@ -119,7 +120,7 @@ class CandidateBuilder:
     if examples["query_ids"].shape[1] != q_len:
       raise InputError(f"masked examples have query length {examples['query_ids'].shape[1]} "
                        f"but the model's query_seq_length is {q_len}; rebuild the examples "
-                       "with data_prep --query_seq_length or change the config")
+                       "with --query_seq_length or change the config")
     query_ids = examples["query_ids"].astype(np.int32)
     query_mask = examples["query_mask"].astype(np.int32)
     if candidates is None:
@@ -165,21 +166,3 @@ def feature_signature(config: configs.RealmModelConfig) -> Dict[str, tf.TensorSp
       reader_word_ids=spec(k, r), reader_mask=spec(k, r), reader_type_ids=spec(k, r),
       mlm_positions=spec(m), mlm_ids=spec(m), mlm_weights=spec(m, dtype=tf.float32),
       candidate_rows=spec(k), index_step=spec())
-
-
-def read_examples(pattern: str, query_seq_length: int, max_masks: int):
-  """A tf.data pipeline of parsed pre-training examples (host features included)."""
-  from data_prep import schema  # pylint: disable=g-import-not-at-top
-  files = tf.io.gfile.glob(pattern)
-  if not files:
-    raise InputError(f"no pre-training examples match {pattern}")
-  with_len = tf.data.TFRecordDataset(files[:1]).take(1)
-  for record in with_len:
-    n = len(tf.train.Example.FromString(record.numpy()).features.feature["query_ids"]
-            .int64_list.value)
-    if n != query_seq_length:
-      raise InputError(f"{files[0]}: masked examples have query length {n} but the model's "
-                       f"query_seq_length is {query_seq_length}")
-  logging.info("reading %d example files from %s", len(files), pattern)
-  return tf.data.TFRecordDataset(files).map(
-      lambda r: schema.parse_pretrain_example(r, query_seq_length, max_masks))

@@ -1,0 +1,153 @@
+"""The tasks' input pipelines, with per-replica batching and sharding in one place.
+
+Every task's ``build_inputs`` goes through a data loader registered here for its data config
+class (``get_loader(params, ...).load(input_context)``), and every loader ends in
+:func:`distribute`: shard by input pipeline, shuffle and repeat when training, batch to the
+per-replica batch size. Example::
+
+    loader = loaders.get_loader(task_config.train_data, query_seq_length=32,
+                                block_seq_length=64)
+    dataset = loader.load(input_context)   # batches of parsed ICT examples
+"""
+
+import logging
+import os
+from typing import Callable, Dict, Optional, Type
+
+import tensorflow as tf
+
+from realm_tf import configs
+from realm_tf.data import contract
+
+_LOADERS: Dict[type, Type] = {}
+
+
+class InputError(ValueError):
+  """Examples that do not fit the model config or the corpus."""
+
+
+def register_loader(config_cls: type) -> Callable[[Type], Type]:
+  """Class decorator: the loader of data configs of class ``config_cls``."""
+  def register(loader_cls):
+    _LOADERS[config_cls] = loader_cls
+    return loader_cls
+  return register
+
+
+def get_loader(params, **kwargs):
+  """The registered loader of ``params`` (a data config), built with ``kwargs``."""
+  try:
+    loader_cls = _LOADERS[type(params)]
+  except KeyError:
+    raise configs.ConfigError(f"no data loader is registered for {type(params).__name__}; "
+                              f"registered: {sorted(c.__name__ for c in _LOADERS)}") from None
+  return loader_cls(params, **kwargs)
+
+
+def per_replica_batch_size(global_batch_size: int,
+                           input_context: Optional[tf.distribute.InputContext]) -> int:
+  if input_context is None:
+    return global_batch_size
+  return input_context.get_per_replica_batch_size(global_batch_size)
+
+
+def distribute(dataset: tf.data.Dataset, params,
+               input_context: Optional[tf.distribute.InputContext] = None,
+               shuffle_buffer_size: Optional[int] = None) -> tf.data.Dataset:
+  """Shards by input pipeline; shuffles and repeats when training; batches per replica.
+
+  Args:
+    dataset: unbatched records or examples.
+    params: a data config (``global_batch_size``, ``is_training``, ``shuffle_buffer_size``,
+      ``seed``, ``drop_remainder``).
+    input_context: the ``tf.distribute.InputContext`` (None: one pipeline, one replica).
+    shuffle_buffer_size: overrides ``params.shuffle_buffer_size``.
+
+  Training batches always have the full per-replica size (static shapes for XLA/TPU).
+  """
+  if input_context and input_context.num_input_pipelines > 1:
+    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  if params.is_training:
+    dataset = dataset.shuffle(shuffle_buffer_size or params.shuffle_buffer_size,
+                              seed=params.seed).repeat()
+  return dataset.batch(per_replica_batch_size(params.global_batch_size, input_context),
+                       drop_remainder=params.is_training or params.drop_remainder)
+
+
+def record_files(pattern) -> list:
+  """The files of ``pattern`` (a glob or a list of globs); InputError when there are none."""
+  patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+  files = sorted(f for p in patterns if p for f in tf.io.gfile.glob(p))
+  if not files:
+    raise InputError(f"no examples match {pattern}")
+  return files
+
+
+def check_lengths(files, **wanted) -> None:
+  """Refuses examples whose ``manifest.json`` records other sequence lengths than ``wanted``."""
+  directory = os.path.dirname(files[0])
+  if not tf.io.gfile.exists(os.path.join(directory, contract.MANIFEST)):
+    return
+  written = contract.load_manifest(directory)
+  for key, value in wanted.items():
+    if value and key in written and written[key] != value:
+      raise InputError(f"the examples in {directory} have {key}={written[key]} but the config "
+                       f"asks for {value}; rebuild them or set the config's "
+                       f"{key} to {written[key]}")
+
+
+def check_query_length(files, query_seq_length: int) -> None:
+  """Refuses masked examples of another query length (read off the first record)."""
+  for record in tf.data.TFRecordDataset(files[:1]).take(1):
+    n = len(tf.train.Example.FromString(record.numpy()).features.feature["query_ids"]
+            .int64_list.value)
+    if n != query_seq_length:
+      raise InputError(f"{files[0]}: masked examples have query length {n} but the model's "
+                       f"query_seq_length is {query_seq_length}")
+
+
+@register_loader(configs.IctDataConfig)
+class IctLoader:
+  """Batches of parsed ICT examples (the ICT examples pipeline)."""
+
+  def __init__(self, params: configs.IctDataConfig, query_seq_length: int,
+               block_seq_length: int):
+    self.params = params
+    self.lengths = dict(query_seq_length=query_seq_length, block_seq_length=block_seq_length)
+    self.files = record_files(params.input_path)
+    check_lengths(self.files, **self.lengths)
+
+  def serialized(self, input_context=None) -> tf.data.Dataset:
+    """Batches of serialized examples (sharded, shuffled and repeated when training)."""
+    return distribute(tf.data.TFRecordDataset(self.files), self.params, input_context)
+
+  def load(self, input_context=None) -> tf.data.Dataset:
+    return self.serialized(input_context).map(
+        lambda r: contract.parse_ict_example(r, **self.lengths),
+        num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+
+
+@register_loader(configs.MaskedLmDataConfig)
+class MaskedExamplesLoader:
+  """Batches of parsed masked-sentence examples (the pre-training examples pipeline), host
+  features (``source_uid``, ``answer``, ``sentence``) included."""
+
+  def __init__(self, params, query_seq_length: int, max_masks: int, input_path=None):
+    self.params = params
+    self.query_seq_length, self.max_masks = query_seq_length, max_masks
+    input_path = input_path or params.input_path
+    self.files = record_files(input_path)
+    check_query_length(self.files, query_seq_length)
+    logging.info("reading %d example files from %s", len(self.files), input_path)
+
+  def load(self, input_context=None) -> tf.data.Dataset:
+    return distribute(tf.data.TFRecordDataset(self.files), self.params, input_context).map(
+        lambda r: contract.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
+
+  def read_all(self) -> Dict:
+    """Every example of the files as NumPy arrays (for host-side preprocessing)."""
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    dataset = tf.data.TFRecordDataset(self.files).batch(4096).map(
+        lambda r: contract.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
+    batches = list(dataset.as_numpy_iterator())
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}

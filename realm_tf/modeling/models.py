@@ -1,0 +1,123 @@
+"""REALM's models: the towers and readers that the tasks train, in the model-directory names.
+
+Each model exposes ``checkpoint_items``, a property (as Model Garden's models do): Model
+Garden's trainer puts these items at the top level of every checkpoint, beside ``model``, so
+a checkpoint of any task follows the model-directory contract (``query_embedder``,
+``block_embedder``, ``reader``) and the refresher can restore the towers alone.
+"""
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import configs
+from realm_tf.modeling import factory
+
+
+def _unique(variables):
+  seen, out = set(), []
+  for v in variables:
+    if id(v) not in seen:
+      seen.add(id(v))
+      out.append(v)
+  return out
+
+
+class RetrieverModel(tf.Module):
+  """The two towers (one object when shared), for ICT."""
+
+  def __init__(self, query_embedder, block_embedder):
+    super().__init__()
+    self.query_embedder = query_embedder
+    self.block_embedder = block_embedder
+
+  @classmethod
+  def from_config_dataclass(cls, config: configs.RetrieverConfig) -> "RetrieverModel":
+    return cls(*factory.build_embedders(config))
+
+  @property
+  def trainable_variables(self):
+    return _unique(self.query_embedder.trainable_variables +
+                   self.block_embedder.trainable_variables)
+
+  @property
+  def checkpoint_items(self):
+    return dict(query_embedder=self.query_embedder, block_embedder=self.block_embedder)
+
+
+class ReaderModel(tf.Module):
+  """The reader alone, for its warm starts."""
+
+  def __init__(self, reader):
+    super().__init__()
+    self.reader = reader
+
+  @property
+  def trainable_variables(self):
+    return self.reader.trainable_variables
+
+  @property
+  def checkpoint_items(self):
+    return dict(reader=self.reader)
+
+
+class RealmPretrainer(tf_keras.Model):
+  """Query/block embedders + reader; ``call`` returns retrieval and MLM logits.
+
+  It sees only fixed-shape int32 tensors that the host pipeline made: the masked query, the k
+  candidate blocks (null block first, the trivial block already dropped) and the k reader
+  inputs. It recomputes the candidates' scores ``f(x,z)`` with the *current* towers, so
+  gradients reach both embedders, and reads every candidate with the reader.
+
+  Inputs (``features``): ``query_word_ids``/``query_mask``/``query_type_ids`` ``[b, Lq]``;
+  ``candidate_word_ids``/``candidate_mask``/``candidate_type_ids`` ``[b, k, Lb]``;
+  ``reader_word_ids``/``reader_mask``/``reader_type_ids`` ``[b, k, Lr]``;
+  ``mlm_positions`` ``[b, m]`` (positions in the query, which also start the reader input).
+
+  Outputs: ``retrieval_logits`` ``[b, k]`` and ``mlm_logits`` ``[b, k, m, vocab]``.
+  """
+
+  def __init__(self, query_embedder, block_embedder, reader, **kwargs):
+    super().__init__(**kwargs)
+    self.query_embedder = query_embedder
+    self.block_embedder = block_embedder
+    self.reader = reader
+
+  @classmethod
+  def from_config_dataclass(cls, config: configs.RealmModelConfig) -> "RealmPretrainer":
+    query_embedder, block_embedder = factory.build_embedders(config.retriever)
+    return cls(query_embedder, block_embedder, factory.build_reader(config.reader))
+
+  @property
+  def checkpoint_items(self):
+    return dict(query_embedder=self.query_embedder, block_embedder=self.block_embedder,
+                reader=self.reader)
+
+  def call(self, features, training=None):
+    query = self.query_embedder(tower_inputs(features, "query"), training=training)  # [b, d]
+    batch = tf.shape(features["candidate_word_ids"])[0]
+    k = features["candidate_word_ids"].shape[1]
+    blocks = self.block_embedder(tower_inputs(features, "candidate"), training=training)
+    blocks = tf.reshape(blocks, [batch, k, -1])                                      # [b, k, d]
+    retrieval_logits = tf.einsum("bd,bkd->bk", query, blocks)
+    return dict(retrieval_logits=retrieval_logits,
+                mlm_logits=read_candidates(self.reader, features, training))
+
+
+def read_candidates(reader, features, training=None):
+  """The reader's MLM logits ``[b, k, m, vocab]`` for each of the k candidates.
+
+  ``features``: ``reader_word_ids``/``reader_mask``/``reader_type_ids`` ``[b, k, Lr]`` and
+  ``mlm_positions`` ``[b, m]`` (positions in the query, which starts every reader input).
+  """
+  k = features["reader_word_ids"].shape[1]
+  positions = tf.repeat(features["mlm_positions"], k, axis=0)                        # [b*k, m]
+  inputs = dict(tower_inputs(features, "reader"), masked_lm_positions=positions)
+  logits = reader(inputs, training=training)["mlm_logits"]                           # [b*k, m, V]
+  return tf.reshape(logits, [-1, k, positions.shape[-1], logits.shape[-1]])
+
+
+def tower_inputs(features, prefix):
+  """``{prefix}_word_ids`` etc. -> a BERT input dict, flattened to ``[-1, seq_len]``."""
+  return {f"input_{n}": tf.reshape(features[f"{prefix}_{n}"],
+                                   [-1, features[f"{prefix}_{n}"].shape[-1]])
+          for n in ("word_ids", "mask", "type_ids")}

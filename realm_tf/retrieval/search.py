@@ -1,0 +1,88 @@
+"""Text search over a published index: query text -> query tower -> top-k blocks and their text.
+
+Example::
+
+    with TextSearcher(index_dir, model_dir, blocks_dir) as searcher:
+      for hit in searcher.search_text(["who wrote hamlet?"], k=5)[0]:
+        print(f"{hit.score:.3f} {hit.title}: {hit.body}")
+
+The query tower is the one the index was built with (the index's ``query_embedder`` snapshot),
+else the given checkpoint, else the newest checkpoint of the model directory.
+"""
+
+from typing import List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import modeling
+from realm_tf import tokenization
+from realm_tf.data import contract
+from realm_tf.retrieval import handle as handle_lib
+from realm_tf.retrieval import refresher
+
+
+class Hit(NamedTuple):
+  """One search result: a block, its inner-product score, its title and its text."""
+  block_id: int
+  score: float
+  title: str
+  body: str
+
+
+class TextSearcher:
+  """Searches the index ``index_dir/LATEST`` names with query text.
+
+  Args:
+    index_dir: where indexes are published.
+    model_dir: the model directory (its config and vocabulary; its checkpoints when the index
+      has no query tower of its own).
+    blocks_dir: the corpus the index was built over (checked by fingerprint).
+    checkpoint: the query tower's checkpoint when the index has none (default: the newest).
+    wait_seconds: how long to wait for a first index (IndexNotReadyError after that).
+  """
+
+  def __init__(self, index_dir: str, model_dir: str, blocks_dir: str,
+               checkpoint: Optional[str] = None, wait_seconds: float = 0.0):
+    self.blocks_dir = blocks_dir
+    self.config = model_dir_lib.load_config(model_dir)
+    blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+    self.handle = handle_lib.IndexHandle(index_dir,
+                                         expected_fingerprint=blocks_manifest["fingerprint"],
+                                         expected_dim=self.config.retriever.projection_size,
+                                         wait_seconds=wait_seconds, watch=False)
+    self.handle.wait_for_first()
+    self.query_embedder, _ = modeling.build_embedders(self.config.retriever)
+    tower = (self.handle.query_embedder_checkpoint
+             or refresher.find_checkpoint(model_dir, checkpoint))
+    model_dir_lib.restore(tower, query_embedder=self.query_embedder)
+    self.tokenizer = tokenization.RealmTokenizer(self.config.vocab_file,
+                                                 lower_case=self.config.lower_case)
+
+  def embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+    """Query-tower embeddings ``float32 [len(queries), dim]``."""
+    inputs = self.tokenizer.query_inputs(list(queries), self.config.retriever.query_seq_length)
+    return self.query_embedder(inputs, training=False).numpy()
+
+  def search_text(self, queries: Sequence[str], k: int) -> List[List[Hit]]:
+    """The top ``k`` blocks of each query (at most the corpus size), best first."""
+    k = min(k, self.handle.index.num_blocks)
+    ids, scores = self.handle.search(self.embed_queries(queries), k)
+    texts = contract.read_block_fields(self.blocks_dir, ids.ravel().tolist())
+    results = []
+    for row_ids, row_scores in zip(ids, scores):
+      hits = []
+      for block_id, score in zip(row_ids.tolist(), row_scores.tolist()):
+        block = texts.get(block_id, {"title": "?", "body": ""})
+        hits.append(Hit(block_id, score, block["title"], block["body"]))
+      results.append(hits)
+    return results
+
+  def close(self) -> None:
+    self.handle.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.close()

@@ -1,0 +1,32 @@
+"""What REALM's tasks share on top of Model Garden's ``base_task.Task``."""
+
+import tensorflow as tf
+from official.core import base_task
+
+from realm_tf.modeling import losses
+
+
+class RealmBaseTask(base_task.Task):
+  """A task whose loss and metric updates are one method, ``forward``.
+
+  ``forward(inputs, model, metrics, training)`` returns this replica's share of the global
+  mean loss (``losses.global_mean_share``) and updates ``metrics``; the train and validation
+  steps are built from it. The logged ``loss`` is the share times the number of replicas, so
+  Model Garden's mean over replicas and steps is the global mean.
+  """
+
+  def forward(self, inputs, model, metrics, training: bool) -> tf.Tensor:
+    raise NotImplementedError
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    with tf.GradientTape() as tape:
+      loss = self.forward(inputs, model, metrics, training=True)
+    variables = model.trainable_variables
+    # A variable without a gradient (a reader's pooler, unused by the MLM loss) is left out.
+    optimizer.apply_gradients((g, v) for g, v in zip(tape.gradient(loss, variables), variables)
+                              if g is not None)
+    return {self.loss: loss * losses.num_replicas()}
+
+  def validation_step(self, inputs, model, metrics=None):
+    loss = self.forward(inputs, model, metrics, training=False)
+    return {self.loss: loss * losses.num_replicas()}

@@ -1,0 +1,159 @@
+"""Training and evaluation of REALM's tasks on Model Garden's orbit loop.
+
+``run_experiment`` is ``official.core.train_lib.run_experiment`` with a small runner subclass
+for what REALM needs beyond it:
+
+* the model directory follows the model-directory contract: ``model_config.yaml`` and
+  ``vocab.txt`` are written first (checking the vocabulary against the towers), and Model
+  Garden's checkpoints carry the model's ``checkpoint_items`` (``query_embedder``,
+  ``block_embedder``, ``reader``) at the top level, so the refresher restores the towers alone;
+* ``ckpt-0`` is saved before the first step, so that a refresher can build the first index
+  from the initialized towers (REALM pre-training waits for that index);
+* ``TRAINING_DONE`` is written at the end, so that the refresher exits;
+* a task may define ``validation_begin(model)``, called at the start of each validation pass
+  (REALM embeds the corpus with the current block tower there);
+* the last training logs gain ``examples_per_second`` and are returned with the eval logs.
+
+Everything else is Model Garden's: ``steps_per_loop`` host round trips, summaries under
+``model_dir/train`` and ``model_dir/validation``, checkpoint intervals and retention,
+``validation_interval``, the modes ``train``, ``eval``, ``train_and_eval`` and
+``continuous_eval``, and ``params.yaml``.
+"""
+
+import contextlib
+import time
+from typing import Any, Dict, Optional, Tuple
+
+from absl import logging
+import tensorflow as tf
+from official.common import distribute_utils
+from official.core import base_trainer
+from official.core import task_factory
+from official.core import train_lib as mg_train_lib
+from official.core import train_utils
+from official.modeling import performance
+
+from realm_tf import model_dir as model_dir_lib
+
+MODES = ("train", "eval", "train_and_eval", "continuous_eval")
+
+
+class RealmTrainer(base_trainer.Trainer):
+  """Model Garden's trainer with a validation hook and a throughput log."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._loop_start = None
+    self._loop_step = None
+    self.last_train_logs: Dict[str, float] = {}
+
+  def train_loop_begin(self):
+    self._loop_start, self._loop_step = time.time(), int(self.global_step.numpy())
+    return super().train_loop_begin()
+
+  def train_loop_end(self):
+    logs = super().train_loop_end()
+    steps = int(self.global_step.numpy()) - self._loop_step
+    seconds = max(time.time() - self._loop_start, 1e-9)
+    logs["examples_per_second"] = (steps * self.config.task.train_data.global_batch_size /
+                                   seconds)
+    self.last_train_logs = {k: float(v) for k, v in logs.items()}
+    return logs
+
+  def eval_begin(self):
+    begin = getattr(self.task, "validation_begin", None)
+    if begin is not None:
+      begin(self.model)
+    return super().eval_begin()
+
+
+class RealmExperimentRunner(mg_train_lib.OrbitExperimentRunner):
+  """``OrbitExperimentRunner`` with REALM's model-directory contract (see module doc)."""
+
+  def _build_trainer(self, task, train: bool, evaluate: bool) -> base_trainer.Trainer:
+    with self.strategy.scope():
+      return train_utils.create_trainer(
+          self.params, task, train=train, evaluate=evaluate,
+          checkpoint_exporter=self._build_best_checkpoint_exporter(),
+          trainer_cls=RealmTrainer)
+
+  def run(self) -> Tuple[Any, Dict[str, float]]:
+    mode, params = self._mode, self.params
+    manager = self.checkpoint_manager
+    if "train" in mode and manager.latest_checkpoint is None:
+      # The initialized model (task.initialize ran when the controller found no checkpoint).
+      manager.save(checkpoint_number=0)
+    logs = {}
+    with self.strategy.scope():
+      if mode == "train":
+        self.controller.train(steps=params.trainer.train_steps)
+      elif mode == "train_and_eval":
+        logs = self.controller.train_and_evaluate(
+            train_steps=params.trainer.train_steps,
+            eval_steps=params.trainer.validation_steps,
+            eval_interval=params.trainer.validation_interval) or {}
+      elif mode == "eval":
+        logs = self.controller.evaluate(steps=params.trainer.validation_steps) or {}
+      else:
+        return super().run()
+    if "train" in mode:
+      model_dir_lib.mark_training_done(self.model_dir, int(self.trainer.global_step.numpy()))
+    logs = {k: float(v) for k, v in logs.items()}
+    if mode == "train_and_eval":
+      logs = {f"validation/{k}": v for k, v in logs.items()}
+    return self.trainer.model, {**self.trainer.last_train_logs, **logs}
+
+
+@contextlib.contextmanager
+def precision_policy(dtype: Optional[str]):
+  """Keras's global policy for ``runtime.mixed_precision_dtype`` within the block:
+  ``bfloat16``/``float16`` compute in that type with float32 variables."""
+  performance.set_mixed_precision_policy(dtype or "float32")
+  try:
+    yield
+  finally:
+    performance.set_mixed_precision_policy("float32")
+
+
+def get_strategy(params, tpu: Optional[str] = None) -> tf.distribute.Strategy:
+  """The strategy of ``params.runtime`` (``tpu`` overrides its TPU address)."""
+  runtime = params.runtime
+  name = runtime.distribution_strategy
+  if tpu:
+    name = "tpu"
+  if name == "default":
+    return tf.distribute.get_strategy()
+  return distribute_utils.get_distribution_strategy(
+      distribution_strategy=name, all_reduce_alg=runtime.all_reduce_alg,
+      num_gpus=runtime.num_gpus, tpu_address=tpu or runtime.tpu)
+
+
+def run_experiment(params, model_dir: str, mode: str = "train",
+                   strategy: Optional[tf.distribute.Strategy] = None,
+                   task=None) -> Dict[str, float]:
+  """Trains and/or evaluates the experiment ``params`` in ``model_dir``.
+
+  Applies ``runtime.mixed_precision_dtype`` (e.g. ``bfloat16``: the towers compute in
+  bfloat16, their variables stay float32), writes ``params.yaml``, ``model_config.yaml`` and
+  ``vocab.txt``, then runs ``mode``. Resumes from the newest checkpoint in ``model_dir``
+  (same step, same optimizer state); otherwise initializes from the task's init checkpoints.
+  Returns the last training logs and, for ``eval``, the validation logs (for
+  ``train_and_eval``, the last validation logs with a ``validation/`` prefix).
+  """
+  if mode not in MODES:
+    raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+  with precision_policy(params.runtime.mixed_precision_dtype):
+    strategy = strategy or get_strategy(params)
+    task = task or task_factory.get_task(params.task, logging_dir=model_dir)
+    model_config, vocab_file = task.model_dir_config()
+    if "train" in mode:
+      # First: it checks the vocabulary against the towers.
+      model_dir_lib.write_metadata(model_dir, model_config, vocab_file)
+      train_utils.serialize_config(params, model_dir)
+    elif not tf.io.gfile.isdir(model_dir):
+      raise model_dir_lib.ModelDirError(f"model directory not found: {model_dir}")
+    logging.info("%s %s in %s on %s", mode, task.name, model_dir, type(strategy).__name__)
+    runner = RealmExperimentRunner(distribution_strategy=strategy, task=task, mode=mode,
+                                   params=params, model_dir=model_dir)
+    _, logs = runner.run()
+  return logs

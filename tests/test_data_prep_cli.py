@@ -1,0 +1,72 @@
+"""The data_prep command lines: a missing input, a bad flag or a malformed input is one line
+``error: ...`` on stderr and exit status 2, without a traceback."""
+
+import bz2
+import os
+import subprocess
+import sys
+
+import pytest
+
+from realm_tf.retrieval import testing
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def vocab(tmp_path_factory):
+  return testing.write_vocab(str(tmp_path_factory.mktemp("vocab") / "vocab.txt"))
+
+
+def _run(module, *args):
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+  return subprocess.run([sys.executable, "-m", f"data_prep.{module}", *args],
+                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+
+
+def _check_one_line_error(proc, *needles):
+  assert proc.returncode == 2, proc.stderr
+  assert "Traceback" not in proc.stderr, proc.stderr
+  last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+  assert last.startswith("error: "), proc.stderr
+  for needle in needles:
+    assert needle in last, proc.stderr
+
+
+# (module, the flag naming the missing input, the other flags); {missing}, {vocab} and {out}
+# are filled in by the test.
+MISSING_INPUT = [
+    ("blocks", "--input={missing}", ["--vocab_file={vocab}", "--output_dir={out}"]),
+    ("salient_spans", "--blocks_dir={missing}", ["--output_dir={out}"]),
+    ("pretrain_examples", "--sentences_dir={missing}",
+     ["--vocab_file={vocab}", "--output_dir={out}"]),
+    ("ict_examples", "--blocks_dir={missing}", ["--vocab_file={vocab}", "--output_dir={out}"]),
+    ("open_qa", "--nq_dev={missing}", ["--output_dir={out}"]),
+    ("pipeline", "--corpus={missing}", ["--vocab_file={vocab}", "--output_dir={out}"]),
+]
+
+
+@pytest.mark.parametrize("module,input_flag,flags", MISSING_INPUT,
+                         ids=[case[0] for case in MISSING_INPUT])
+def test_missing_input_is_one_line(tmp_path, vocab, module, input_flag, flags):
+  values = {"missing": str(tmp_path / "missing.jsonl"), "vocab": vocab,
+            "out": str(tmp_path / "out")}
+  proc = _run(module, input_flag.format(**values), *[f.format(**values) for f in flags])
+  _check_one_line_error(proc, values["missing"])
+  assert not os.path.exists(values["out"])
+
+
+def test_bad_flag_value_is_one_line(tmp_path):
+  proc = _run("synthetic_world", f"--output_dir={tmp_path / 'world'}", "--num_people=many")
+  _check_one_line_error(proc, "--num_people", "many")
+  assert not os.path.exists(tmp_path / "world")
+
+
+def test_malformed_input_is_one_line(tmp_path, vocab):
+  """A malformed dump fails inside a Beam step: still one line, without Beam's traceback."""
+  dump = tmp_path / "broken.xml.bz2"
+  dump.write_bytes(bz2.compress(b"<mediawiki><page><title>A</title><ns>0</ns></page><page>"))
+  proc = _run("blocks", f"--input={dump}", f"--vocab_file={vocab}",
+              f"--output_dir={tmp_path / 'out'}")
+  _check_one_line_error(proc, "malformed MediaWiki XML", str(dump))
+  assert not os.path.exists(tmp_path / "out")
