@@ -15,9 +15,9 @@ def test_convert_shared_data(tmp_path):
   assert counts["nq-test"] == 3610
   assert counts["wq-test"] == 2032
   assert counts["ct-test"] == 694
-  assert counts["wq-train"] + counts["wq-dev"] == 3778
-  assert counts["ct-train"] + counts["ct-dev"] == 1486
-  assert 0.07 < counts["wq-dev"] / 3778 < 0.13
+  # ORQA's splits (its README): train / dev / test.
+  assert (counts["wq-train"], counts["wq-dev"], counts["wq-test"]) == (3417, 361, 2032)
+  assert (counts["ct-train"], counts["ct-dev"], counts["ct-test"]) == (1353, 133, 694)
   ct = [json.loads(l) for l in open(tmp_path / "ct-test.jsonl", encoding="utf-8")]
   raw = [json.loads(l) for l in open(SHARED / "drqa" / "CuratedTrec-test.txt", encoding="utf-8")]
   assert [r["answers"] for r in ct] == [r["answer"] for r in raw]  # Patterns intact.
@@ -26,6 +26,16 @@ def test_convert_shared_data(tmp_path):
   assert nq["answer_type"] == "text" and isinstance(nq["answers"], list)
   dev = [json.loads(l)["question"] for l in open(tmp_path / "wq-dev.jsonl", encoding="utf-8")]
   assert all(open_qa.is_dev_question(q) for q in dev)
+
+
+def test_dev_rule_is_orqas_hash_bucket():
+  """ORQA: dev when tf.strings.to_hash_bucket_fast(question, 100000) % 10 == 0 (a
+  fingerprint hash, not Python's): checked against TF called directly, one by one."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  questions = [json.loads(l)["question"] for l in open(
+      SHARED / "drqa" / "WebQuestions-train.txt", encoding="utf-8")][:300]
+  want = [int(tf.strings.to_hash_bucket_fast(q, 100000)) % 10 == 0 for q in questions]
+  assert open_qa.dev_mask(questions) == want and 10 < sum(want) < 50
 
 
 def test_bad_qa_input(tmp_path):
