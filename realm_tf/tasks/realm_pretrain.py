@@ -59,6 +59,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     self._eval_builder = None      # validation: exact retrieval with the current towers
     self._eval_loader = None
     self._eval_features = None
+    self._embed_query = None
 
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
@@ -165,7 +166,10 @@ class RealmPretrainTask(base.RealmBaseTask):
     index = mips_index.BruteForceIndex(
         corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
     examples = self._eval_loader.read_all()
-    embed = tf.function(lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
+    if self._embed_query is None:
+      self._embed_query = tf.function(
+          lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
+    embed = self._embed_query
     queries = np.concatenate([
         embed(dict(input_word_ids=examples["query_ids"][i:i + 256],
                    input_mask=examples["query_mask"][i:i + 256],
