@@ -247,9 +247,7 @@ def main(argv):
     result["step"] = model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(model_dir))
     result["indexes_built"] = builds
     rows[f"REALM, {name} index"] = result
-  held_out = prepared["pretrain"]["num_eval"]
-  for row in rows.values():
-    row["examples"] = held_out
+  held_out = int(rows["REALM, refreshed index"]["examples"])
 
   print("\n" + "=" * 78)
   print(f"REALM demo on the synthetic world: {held_out} held-out masked sentences")

@@ -194,7 +194,9 @@ class RealmPretrainTask(base.RealmBaseTask):
   def build_metrics(self, training=None):
     names = ["mlm_accuracy", "retrieval_utility", "retrieval_entropy"]
     names += ["index_age"] if training else [f"recall@{self.task_config.recall_at}"]
-    return [tf_keras.metrics.Mean(n) for n in names]
+    metrics = [tf_keras.metrics.Mean(n) for n in names]
+    # Validation also counts the held-out sentences it scored.
+    return metrics if training else metrics + [tf_keras.metrics.Sum("examples")]
 
   def forward(self, inputs, model, metrics, training: bool):
     loss, m = replica_loss(model, inputs, training=training)
@@ -206,6 +208,7 @@ class RealmPretrainTask(base.RealmBaseTask):
       by_name["retrieval_entropy"].update_state(m["entropy"])
       if "recall_hit" in inputs:
         by_name[f"recall@{self.task_config.recall_at}"].update_state(inputs["recall_hit"])
+        by_name["examples"].update_state(tf.cast(tf.size(inputs["recall_hit"]), tf.float32))
     return loss
 
   def train_step(self, inputs, model, optimizer, metrics=None):
