@@ -12,7 +12,7 @@ from realm_tf import train_lib
 from realm_tf.data.loaders import InputError
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer, tower_inputs
-from realm_tf.retrieval import candidates as retrieval_inputs
+from realm_tf.retrieval import candidates
 from realm_tf.tasks import realm_pretrain
 
 VOCAB, CLS, SEP, MASK = 40, 2, 3, 4
@@ -102,8 +102,8 @@ class MarginalLossTest(tf.test.TestCase):
     self.model = RealmPretrainer.from_config_dataclass(self.config)
     emb = self.model.block_embedder(dict(
         zip(["input_word_ids", "input_mask", "input_type_ids"],
-            retrieval_inputs.pack_blocks(self.blocks, LB, CLS, SEP)[:3]))).numpy()[:-1]
-    self.builder = retrieval_inputs.CandidateBuilder(
+            candidates.pack_blocks(self.blocks, LB, CLS, SEP)[:3]))).numpy()[:-1]
+    self.builder = candidates.CandidateBuilder(
         self.blocks, self.config, FakeHandle(emb, step=3), CLS, SEP)
     self.builder._query_embedder = lambda: (lambda x: self.model.query_embedder(x))
     self.examples = make_examples(5, self.rng, self.blocks)
