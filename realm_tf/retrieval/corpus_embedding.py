@@ -28,6 +28,7 @@ import tqdm
 
 from realm_tf import tokenization
 from realm_tf.data import contract
+from realm_tf.data import loaders
 from realm_tf.retrieval import errors
 
 _SHARD_RE = re.compile(r"embeddings-shard-(\d+)-of-(\d+)\.npy$")
@@ -163,7 +164,7 @@ def embed_corpus(block_embedder: Callable,
         f"(the corpus has {manifest['num_blocks']})")
 
   def dataset_fn(input_context):
-    per_replica = input_context.get_per_replica_batch_size(batch_size)
+    per_replica = loaders.per_replica_batch_size(batch_size, input_context)
     return block_dataset(blocks_dir, seq_length, per_replica, vocab_file, lower_case,
                          shard_index, num_shards, pad_to_batch=True,
                          input_context=input_context)

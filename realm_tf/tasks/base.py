@@ -3,6 +3,7 @@
 import tensorflow as tf
 from official.core import base_task
 
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.modeling import losses
 
 
@@ -14,6 +15,13 @@ class RealmBaseTask(base_task.Task):
   steps are built from it. The logged ``loss`` is the share times the number of replicas, so
   Model Garden's mean over replicas and steps is the global mean.
   """
+
+  def initialize(self, model):
+    """Restores ``model.checkpoint_items`` from ``init_checkpoint`` (a model directory or a
+    checkpoint), when given; items missing from it keep their fresh initialization."""
+    if self.task_config.init_checkpoint:
+      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
+                            allow_missing=True, **model.checkpoint_items)
 
   def forward(self, inputs, model, metrics, training: bool) -> tf.Tensor:
     raise NotImplementedError

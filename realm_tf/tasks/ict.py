@@ -11,7 +11,6 @@ import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
-from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import loaders
 from realm_tf.modeling import losses
 from realm_tf.tasks import base
@@ -43,11 +42,6 @@ class IctTask(base.RealmBaseTask):
 
   def build_model(self) -> RetrieverModel:
     return RetrieverModel.from_config_dataclass(self.task_config.model)
-
-  def initialize(self, model: RetrieverModel):
-    if self.task_config.init_checkpoint:
-      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
-                            allow_missing=True, **model.checkpoint_items)
 
   def model_dir_config(self):
     """The model directory's config: no reader in ICT, the recorded one mirrors the towers."""

@@ -24,7 +24,6 @@ import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
-from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.data import answers
 from realm_tf.data import contract
@@ -96,11 +95,6 @@ class ReaderReadTask(base.RealmBaseTask):
 
   def build_model(self) -> ReaderModel:
     return ReaderModel(modeling.build_reader(self.task_config.model.reader))
-
-  def initialize(self, model: ReaderModel):
-    if self.task_config.init_checkpoint:
-      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
-                            allow_missing=True, reader=model.reader)
 
   def model_dir_config(self):
     return self.task_config.model, self.task_config.model.vocab_file
