@@ -15,8 +15,11 @@ goes to dev when ``tf.strings.to_hash_bucket_fast(question, 100000) % 10 == 0``,
 On the released files this gives ORQA's counts: WebQuestions 3,417 / 361 / 2,032 and
 CuratedTrec 1,353 / 133 / 694 (train / dev / test).
 
-Malformed input is a hard error naming the file and line: a QA set is small and every question
-counts. These converters are plain Python (a few thousand lines each, order preserved), not Beam.
+Reading is :func:`realm_tf.data.qa.read_qa`'s: a malformed line (not UTF-8, bad JSON, no
+question, no answers) is skipped with a warning naming the file and line, and listed under
+``"skipped"`` in ``qa_manifest.json``; a missing file, or one without a single valid record, is
+an error, and nothing is written. These converters are plain Python (a few thousand lines each,
+order preserved), not Beam.
 
 Command line::
 
@@ -29,8 +32,7 @@ Command line::
 import json
 import logging
 import os
-import re
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from absl import app
 from absl import flags
@@ -39,14 +41,15 @@ import tensorflow as tf
 from data_prep import beam_utils
 from data_prep import cli
 from realm_tf.data import contract
+from realm_tf.data import qa
 
 DEV_BUCKETS = 100000
 DEV_MODULUS = 10
 SOURCE_FLAGS = ("nq_train", "nq_dev", "wq_train", "wq_test", "ct_train", "ct_test")
 
 
-class QAFormatError(contract.DataError):
-  """A QA file has a malformed record; the message names the file and line."""
+# A QA file without a valid record (a contract.DataError naming the file and its first problem).
+QAFormatError = qa.QAFormatError
 
 
 def dev_mask(questions: List[str]) -> List[bool]:
@@ -61,48 +64,16 @@ def is_dev_question(question: str) -> bool:
   return dev_mask([question])[0]
 
 
-def read_qa_file(path: str, answer_type: str = "text") -> List[Dict]:
-  """Reads NQ-open / DrQA JSON lines -> ``[{"question", "answers", "answer_type"}]``.
+def read_qa_file(path: str, answer_type: str = "text") -> Tuple[List[Dict], List[str]]:
+  """Reads NQ-open / DrQA JSON lines -> ``([{"question", "answers", "answer_type"}], skipped)``.
 
-  Accepts ``answer`` or ``answers`` (a list of strings, or one string). Regex answers are kept
-  exactly as written; one that Python's ``re`` cannot compile is logged, not changed.
+  Accepts ``answer`` or ``answers`` (a list of strings, or one string); every record gets
+  ``answer_type``. Regex answers are kept exactly as written; one that Python's ``re`` cannot
+  compile is logged, not changed. ``skipped``: ``"<path>:<line>: <why>"`` per malformed line
+  (see :func:`realm_tf.data.qa.read_qa`, which raises when no line is valid).
   """
-  if not tf.io.gfile.exists(path):
-    raise FileNotFoundError(f"QA file not found: {path}")
-  out = []
-  with tf.io.gfile.GFile(path, "rb") as f:
-    for i, raw in enumerate(f, start=1):
-      where = f"{path}:{i}"
-      try:
-        line = raw.decode("utf-8")
-      except UnicodeDecodeError as e:
-        raise QAFormatError(f"{where}: not UTF-8: {e}") from e
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise QAFormatError(f"{where}: malformed JSON: {e}") from e
-      question = record.get("question") if isinstance(record, dict) else None
-      answers = None
-      if isinstance(record, dict):
-        answers = record.get("answers", record.get("answer"))
-      if isinstance(answers, str):
-        answers = [answers]
-      if not isinstance(question, str) or not question.strip() or not isinstance(
-          answers, list) or not answers or not all(isinstance(a, str) for a in answers):
-        raise QAFormatError(f"{where}: expected {{'question': str, 'answer': [str, ...]}}")
-      if answer_type == "regex":
-        for a in answers:
-          try:
-            re.compile(a)
-          except re.error as e:
-            # Kept exactly as written (the released data has a few such patterns); evaluation
-            # must cope, e.g. by falling back to a literal comparison.
-            logging.warning("%s: answer %r is not a valid Python regex (%s); kept unchanged",
-                            where, a, e)
-      out.append({"question": question, "answers": answers, "answer_type": answer_type})
-  return out
+  records, skipped = qa.read_qa(path, answer_type)
+  return [r.to_json() for r in records], skipped
 
 
 def split_train_dev(records: Iterable[Dict]):
@@ -131,17 +102,21 @@ def convert(output_dir: str, nq_train: Optional[str] = None, nq_dev: Optional[st
             ct_train: Optional[str] = None, ct_test: Optional[str] = None) -> Dict[str, int]:
   """Converts the given files; returns ``{"<dataset>-<split>": count}``.
 
-  All inputs are read (and validated) before anything is written.
+  All inputs are read (and validated) before anything is written. Malformed lines are skipped
+  (logged) and listed per input in ``qa_manifest.json``: ``"skipped": {"wq_train": ["<path>:12:
+  malformed JSON: ..."], ...}`` (``nq_dev`` is NQ's test input).
   """
-  plan = {}
+  plan, skipped = {}, {}
   for name, train, test, kind in (("nq", nq_train, nq_dev, "text"),
                                   ("wq", wq_train, wq_test, "text"),
                                   ("ct", ct_train, ct_test, "regex")):
     if train:
-      tr, dv = split_train_dev(read_qa_file(train, kind))
+      records, skipped[f"{name}_train"] = read_qa_file(train, kind)
+      tr, dv = split_train_dev(records)
       plan[f"{name}-train"], plan[f"{name}-dev"] = tr, dv
     if test:
-      plan[f"{name}-test"] = read_qa_file(test, kind)
+      test_input = "nq_dev" if name == "nq" else f"{name}_test"
+      plan[f"{name}-test"], skipped[test_input] = read_qa_file(test, kind)
   if not plan:
     raise ValueError("no QA input files given")
   tf.io.gfile.makedirs(output_dir)
@@ -152,8 +127,11 @@ def convert(output_dir: str, nq_train: Optional[str] = None, nq_dev: Optional[st
       "counts": counts,
       "dev_rule": "tf.strings.to_hash_bucket_fast(question, 100000) % 10 == 0 -> dev (ORQA)",
       "sources": {"nq_train": nq_train, "nq_dev(test)": nq_dev, "wq_train": wq_train,
-                  "wq_test": wq_test, "ct_train": ct_train, "ct_test": ct_test}})
-  logging.info("open_qa: %s -> %s", counts, output_dir)
+                  "wq_test": wq_test, "ct_train": ct_train, "ct_test": ct_test},
+      "skipped": skipped})
+  num_skipped = sum(len(v) for v in skipped.values())
+  logging.info("open_qa: %s -> %s (%d malformed lines skipped)", counts, output_dir,
+               num_skipped)
   return counts
 
 

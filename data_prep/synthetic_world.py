@@ -11,7 +11,12 @@ Outputs (:func:`write_world`):
 
 * ``articles.jsonl``: ``{"title", "text"}``, sentences separated by spaces, paragraphs by
   blank lines;
-* ``qa.jsonl``: ``{"question", "answers": [...]}`` about the facts;
+* ``qa.jsonl``: ``{"question", "answers": [...]}``, one question per fact (``qa[i]`` asks
+  ``facts[i]``);
+* ``qa-train.jsonl``, ``qa-dev.jsonl``, ``qa-test.jsonl``: the same questions as ORQA-style
+  splits, ``{"question", "answers", "answer_type": "text"}`` (the format of
+  ``data_prep.open_qa``), held out by question (:func:`split_qa`): a test question, and so its
+  fact, is never a training question;
 * ``entity_patterns.jsonl``: spaCy ``EntityRuler`` patterns (PERSON, GPE, ORG, WORK_OF_ART)
   for every invented name;
 * ``facts.jsonl``: ``{"subject", "relation", "object", "articles": [titles stating it]}``;
@@ -23,10 +28,11 @@ Example::
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 
@@ -250,17 +256,89 @@ def name_words(world: World) -> List[str]:
   return words + [str(year) for year in range(1000, 2100)]
 
 
+def qa_facts(world: World) -> List[Tuple[Dict, Dict]]:
+  """``(qa record, the fact it asks)`` pairs: :func:`generate_world` makes ``world.qa[i]`` from
+  ``world.facts[i]``, its answer being the fact's object; raises ValueError if they disagree."""
+  if len(world.qa) != len(world.facts):
+    raise ValueError(f"{len(world.qa)} questions for {len(world.facts)} facts")
+  pairs = list(zip(world.qa, world.facts))
+  for q, f in pairs:
+    if q["answers"] != [f["object"]]:
+      raise ValueError(f"question {q['question']!r} does not ask fact {f}")
+  return pairs
+
+
+def qa_split(question: str, dev_fraction: float = 0.1, test_fraction: float = 0.2) -> str:
+  """``"train"``, ``"dev"`` or ``"test"`` for one question, by the SHA1 of its text.
+
+  The first 8 bytes of ``sha1(question)`` as a fraction ``u`` of 2**64: test when
+  ``u < test_fraction``, dev when ``u < test_fraction + dev_fraction``, else train. The same
+  on every run and every machine (unlike Python's ``hash``).
+  """
+  if not (0.0 <= dev_fraction and 0.0 <= test_fraction and dev_fraction + test_fraction <= 1.0):
+    raise ValueError(f"fractions must be >= 0 with a sum <= 1, got dev_fraction={dev_fraction}, "
+                     f"test_fraction={test_fraction}")
+  u = int.from_bytes(hashlib.sha1(question.encode("utf-8")).digest()[:8], "big") / 2.0**64
+  if u < test_fraction:
+    return "test"
+  return "dev" if u < test_fraction + dev_fraction else "train"
+
+
+def split_qa(qa_records: Sequence[Dict], dev_fraction: float = 0.1,
+             test_fraction: float = 0.2) -> Dict[str, List[int]]:
+  """Splits QA records, held out by question: ``{"train", "dev", "test"}`` -> indices.
+
+  Each record goes where :func:`qa_split` sends its question text, so records that share a
+  question text always share a split and no test question is asked in training. In a world of
+  :func:`generate_world` each fact has one question and each question one fact (a question is
+  made of the fact's subject and relation, and a subject has one object per relation), so this
+  is also a split by fact: a test question's fact is never asked in training. Hashing the
+  question rather than ``subject|relation|object`` keeps that true of any records given.
+
+  Args:
+    qa_records: ``{"question", "answers", ...}`` (e.g. ``World.qa``; :func:`qa_facts` pairs
+      ``World.qa[i]`` with ``World.facts[i]``).
+    dev_fraction: the expected fraction of questions in dev.
+    test_fraction: the expected fraction of questions in test.
+
+  Returns:
+    Indices into ``qa_records`` of each split, ascending; together they are every index once.
+  """
+  splits = {"train": [], "dev": [], "test": []}
+  for i, record in enumerate(qa_records):
+    splits[qa_split(record["question"], dev_fraction, test_fraction)].append(i)
+  return splits
+
+
+def qa_split_records(world: World, dev_fraction: float = 0.1,
+                     test_fraction: float = 0.2) -> Dict[str, List[Dict]]:
+  """The world's questions by split (:func:`split_qa`), as ``data_prep.open_qa`` writes them:
+  ``{"question", "answers", "answer_type": "text"}``."""
+  qa = [q for q, _ in qa_facts(world)]
+  return {split: [{"question": qa[i]["question"], "answers": list(qa[i]["answers"]),
+                   "answer_type": "text"} for i in indices]
+          for split, indices in split_qa(qa, dev_fraction, test_fraction).items()}
+
+
 def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
-                lower_case: bool = True, whole_word_names: bool = False) -> Dict[str, str]:
+                lower_case: bool = True, whole_word_names: bool = False,
+                qa_dev_fraction: float = 0.1, qa_test_fraction: float = 0.2) -> Dict[str, str]:
   """Writes the world's files into ``output_dir`` atomically; returns their paths.
 
-  With ``vocab_size``, also learns ``vocab.txt``; ``whole_word_names`` makes every name word
-  and year one wordpiece, so a masked name is one token the reader can copy from a block.
+  The keys: ``articles``, ``qa``, ``qa_train``, ``qa_dev``, ``qa_test``, ``patterns``,
+  ``facts`` and, with ``vocab_size``, ``vocab``. With ``vocab_size``, also learns
+  ``vocab.txt``; ``whole_word_names`` makes every name word and year one wordpiece, so a
+  masked name is one token the reader can copy from a block. ``qa_dev_fraction`` and
+  ``qa_test_fraction`` are :func:`split_qa`'s.
   """
-  names = {"articles": "articles.jsonl", "qa": "qa.jsonl", "patterns": "entity_patterns.jsonl",
-           "facts": "facts.jsonl"}
+  names = {"articles": "articles.jsonl", "qa": "qa.jsonl", "qa_train": "qa-train.jsonl",
+           "qa_dev": "qa-dev.jsonl", "qa_test": "qa-test.jsonl",
+           "patterns": "entity_patterns.jsonl", "facts": "facts.jsonl"}
+  qa_splits = qa_split_records(world, qa_dev_fraction, qa_test_fraction)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     for key, rows in (("articles", world.articles), ("qa", world.qa),
+                      ("qa_train", qa_splits["train"]), ("qa_dev", qa_splits["dev"]),
+                      ("qa_test", qa_splits["test"]),
                       ("patterns", world.patterns), ("facts", world.facts)):
       with open(os.path.join(tmp, names[key]), "w", encoding="utf-8") as f:
         for row in rows:

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import pathlib
 import re
 
@@ -51,6 +52,64 @@ def test_name_seed_keeps_the_names_and_changes_the_facts():
   facts = lambda w: {(f["subject"], f["relation"], f["object"]) for f in w.facts}
   assert len(facts(world) & facts(other)) < len(facts(world)) / 2
   assert synthetic_world.generate_world(seed=1, **SMALL).patterns != world.patterns
+
+
+def _read_jsonl(path):
+  return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def test_qa_splits_are_held_out_by_fact(tmp_path):
+  world = synthetic_world.generate_world(seed=0)
+  paths = synthetic_world.write_world(world, str(tmp_path / "world"))
+  qa = _read_jsonl(paths["qa"])
+  assert qa == world.qa  # qa.jsonl is unchanged.
+  splits = {s: _read_jsonl(paths[f"qa_{s}"]) for s in ("train", "dev", "test")}
+  assert {s: os.path.basename(paths[f"qa_{s}"]) for s in splits} == {
+      "train": "qa-train.jsonl", "dev": "qa-dev.jsonl", "test": "qa-test.jsonl"}
+  for records in splits.values():
+    assert all(set(r) == {"question", "answers", "answer_type"} for r in records)
+    assert all(r["answer_type"] == "text" for r in records)
+  # The splits partition qa.jsonl exactly (as a multiset of records).
+  key = lambda r: (r["question"], tuple(r["answers"]))
+  assert sorted(key(r) for rs in splits.values() for r in rs) == sorted(map(key, qa))
+  n = len(qa)
+  for split, want in (("train", 0.7), ("dev", 0.1), ("test", 0.2)):
+    assert abs(len(splits[split]) / n - want) < 0.05, (split, len(splits[split]), n)
+  # No test question text, and no test fact, is in train (qa[i] asks facts[i]).
+  questions = {s: {r["question"] for r in rs} for s, rs in splits.items()}
+  assert not questions["test"] & questions["train"]
+  assert not questions["dev"] & (questions["train"] | questions["test"])
+  pairs = synthetic_world.qa_facts(world)
+  facts = {s: {(f["subject"], f["relation"], f["object"]) for q, f in pairs
+               if q["question"] in questions[s]} for s in splits}
+  assert not facts["test"] & facts["train"] and sum(map(len, facts.values())) == n
+  # Deterministic across calls and runs (a SHA1, not Python's hash).
+  indices = synthetic_world.split_qa(world.qa)
+  assert indices == synthetic_world.split_qa(synthetic_world.generate_world(seed=0).qa)
+  assert [world.qa[i]["question"] for i in indices["test"]] == [
+      r["question"] for r in splits["test"]]
+  again = synthetic_world.write_world(world, str(tmp_path / "again"))
+  for split in ("qa_train", "qa_dev", "qa_test"):
+    assert open(again[split], "rb").read() == open(paths[split], "rb").read()
+
+
+def test_split_qa_keeps_a_shared_question_in_one_split():
+  records = [{"question": f"q{i % 50}", "answers": [str(i)]} for i in range(200)]
+  indices = synthetic_world.split_qa(records, dev_fraction=0.3, test_fraction=0.3)
+  assert sorted(i for v in indices.values() for i in v) == list(range(200))
+  where = {}
+  for split, ids in indices.items():
+    for i in ids:
+      assert where.setdefault(records[i]["question"], split) == split
+  assert set(where.values()) == {"train", "dev", "test"}
+  assert synthetic_world.split_qa(records, 0.0, 0.0) == {"train": list(range(200)), "dev": [],
+                                                          "test": []}
+  with pytest.raises(ValueError, match="fractions"):
+    synthetic_world.split_qa(records, dev_fraction=0.6, test_fraction=0.6)
+  world = synthetic_world.generate_world(seed=0, **SMALL)
+  world.qa[0] = {"question": world.qa[0]["question"], "answers": ["something else"]}
+  with pytest.raises(ValueError, match="does not ask fact"):
+    synthetic_world.qa_facts(world)
 
 
 def test_whole_word_names_are_one_wordpiece(tmp_path):
