@@ -198,6 +198,54 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   recall_at: int = 5
 
 
+
+@dataclasses.dataclass
+class OpenQaDataConfig(cfg.DataConfig):
+  """Open-QA questions: a JSON-lines file (the Open-QA converter's ``{"question", "answers",
+  "answer_type"}``, or NQ-open/DrQA's ``{"question", "answer"}``).
+
+  Attributes:
+    answer_type: ``regex`` for CuratedTrec's patterns; empty: as the records say.
+  """
+  input_path: str = ""
+  answer_type: str = ""
+  global_batch_size: int = 1
+  is_training: bool = True
+  seed: Optional[int] = None
+
+
+@dataclasses.dataclass
+class OpenQaTaskConfig(cfg.TaskConfig):
+  """ORQA's Open-QA fine-tuning, as REALM fine-tunes (``tasks/openqa.py``).
+
+  Attributes:
+    index_dir: the frozen index whose block embeddings are searched and rescored (built with
+      the block tower of the model fine-tuned from: ``realm-index build``, or an ORQA model's
+      ``block_emb``). The block tower is never trained.
+    blocks_dir: the corpus of the index (default: the one its manifest names).
+    init_checkpoint: a model directory or checkpoint; its query tower and reader start the
+      model (a span scorer missing from it starts fresh).
+    retriever_init_checkpoint / reader_init_checkpoint: override the query tower's / the
+      reader's source (e.g. ICT towers with a separately trained reader).
+    retriever_beam_size: blocks retrieved per question, for the retriever loss and
+      ``top_k_match`` (ORQA: 5000).
+    reader_beam_size: the top blocks of the beam that the reader reads (ORQA: 5).
+    max_gold_spans: gold spans kept per read block (beyond: counted, dropped).
+    top_k: the ``top_k_match`` cut-offs reported (those above the beam are skipped).
+  """
+  model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
+  train_data: OpenQaDataConfig = dataclasses.field(default_factory=OpenQaDataConfig)
+  validation_data: OpenQaDataConfig = dataclasses.field(
+      default_factory=lambda: OpenQaDataConfig(is_training=False, global_batch_size=8))
+  index_dir: str = ""
+  blocks_dir: str = ""
+  retriever_init_checkpoint: str = ""
+  reader_init_checkpoint: str = ""
+  retriever_beam_size: int = 5000
+  reader_beam_size: int = 5
+  max_gold_spans: int = 32
+  top_k: Sequence[int] = (5, 10, 50, 100, 500, 1000, 5000)
+
 def retriever_tiny() -> RetrieverConfig:
   """The toy retriever, without dropout.
 
@@ -339,6 +387,69 @@ def reader_read_cpu() -> cfg.ExperimentConfig:
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
+
+
+def _openqa_trainer(train_steps: int, learning_rate: float, checkpoint_interval: int,
+                    summary_interval: int) -> cfg.TrainerConfig:
+  """ORQA's schedule (warm-up ``min(10000, max(100, steps / 10))``), dev validation at every
+  checkpoint, and the best checkpoint by dev ``exact_match`` kept in ``best_ckpt/`` (ORQA's
+  ``BestSavedModelAndCheckpointExporter`` on the same metric)."""
+  trainer = _trainer(train_steps, learning_rate, min(10000, max(100, train_steps // 10)),
+                     checkpoint_interval, summary_interval)
+  trainer.best_checkpoint_export_subdir = "best_ckpt"
+  trainer.best_checkpoint_eval_metric = "exact_match"
+  trainer.best_checkpoint_metric_comp = "higher"
+  return trainer
+
+
+def _openqa_paper(input_path: str, answer_type: str = "") -> cfg.ExperimentConfig:
+  return cfg.ExperimentConfig(
+      task=OpenQaTaskConfig(
+          model=RealmModelConfig(
+              retriever=RetrieverConfig(encoder=bert_base(), query_seq_length=64),
+              reader=ReaderConfig(encoder=bert_base())),
+          train_data=OpenQaDataConfig(input_path=f"{input_path}-train.jsonl",
+                                      answer_type=answer_type, global_batch_size=1),
+          validation_data=OpenQaDataConfig(input_path=f"{input_path}-dev.jsonl",
+                                           answer_type=answer_type, global_batch_size=1,
+                                           is_training=False)),
+      trainer=_openqa_trainer(100_000, 1e-5, 1000, 100),
+      runtime=_runtime("paper"),
+      restrictions=_RESTRICTIONS)
+
+
+@_register("openqa_nq_paper")
+def openqa_nq_paper() -> cfg.ExperimentConfig:
+  """ORQA's fine-tuning on NaturalQuestions-Open: beam 5000, read 5, lr 1e-5, batch 1."""
+  return _openqa_paper("qa/nq")
+
+
+@_register("openqa_wq_paper")
+def openqa_wq_paper() -> cfg.ExperimentConfig:
+  """ORQA's fine-tuning on WebQuestions (settings of openqa_nq_paper)."""
+  return _openqa_paper("qa/wq")
+
+
+@_register("openqa_ct_paper")
+def openqa_ct_paper() -> cfg.ExperimentConfig:
+  """ORQA's fine-tuning on CuratedTrec, whose answers are regular expressions."""
+  return _openqa_paper("qa/ct", answer_type="regex")
+
+
+@_register("openqa_cpu")
+def openqa_cpu() -> cfg.ExperimentConfig:
+  """Open-QA at toy scale on the synthetic world's questions: beam 64, read 5, batch 8."""
+  return cfg.ExperimentConfig(
+      task=OpenQaTaskConfig(
+          model=RealmModelConfig(retriever=retriever_tiny(),
+                                 reader=ReaderConfig(encoder=bert_tiny(), seq_length=96,
+                                                     openqa_seq_length=64)),
+          train_data=OpenQaDataConfig(global_batch_size=8),
+          validation_data=OpenQaDataConfig(global_batch_size=32, is_training=False),
+          retriever_beam_size=64, top_k=(1, 5, 10, 50)),
+      trainer=_openqa_trainer(600, 1e-4, 200, 50),
+      runtime=_runtime("cpu"),
+      restrictions=_RESTRICTIONS)
 
 class ConfigError(ValueError):
   """An experiment name, YAML file or override that does not fit the config."""

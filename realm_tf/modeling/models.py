@@ -11,6 +11,8 @@ import tf_keras
 
 from realm_tf import configs
 from realm_tf.modeling import factory
+from realm_tf.modeling import openqa_losses
+from realm_tf.modeling import span_scorer
 
 
 def _unique(variables):
@@ -121,3 +123,59 @@ def tower_inputs(features, prefix):
   return {f"input_{n}": tf.reshape(features[f"{prefix}_{n}"],
                                    [-1, features[f"{prefix}_{n}"].shape[-1]])
           for n in ("word_ids", "mask", "type_ids")}
+
+
+class OpenQaModel(tf_keras.Model):
+  """ORQA's model: the query tower scores the retriever beam, the reader scores answer spans.
+
+  The block embeddings are inputs (``beam_emb``, taken from the frozen index on the host), so
+  the retriever logits ``q . e(z)`` are recomputed with the current query tower and their
+  gradient reaches it, never the blocks (as in ORQA and REALM's fine-tuning).
+
+  Inputs (``features``): ``question_word_ids``/``question_mask``/``question_type_ids``
+  ``[b, Lq]``; ``beam_emb`` ``[b, B, d]``; ``reader_word_ids``/``reader_mask``/
+  ``reader_type_ids`` ``[b, R, Lr]`` (R <= B: the top of the beam).
+
+  Outputs: ``retriever_logits`` ``[b, B]``; ``reader_logits`` ``[b, R, C]``, the span scores
+  plus the block's retriever logit, invalid spans at ``-10000`` (ORQA's mask); and the
+  candidate spans ``span_starts``/``span_ends`` ``[b, R, C]`` (positions in the reader input).
+  """
+
+  def __init__(self, query_embedder, reader, max_span_width: int = 10, **kwargs):
+    super().__init__(**kwargs)
+    if reader.span_scorer is None:
+      raise ValueError("the Open-QA reader needs a span scorer (build_reader(..., "
+                       "with_span_scorer=True))")
+    self.query_embedder = query_embedder
+    self.reader = reader
+    self.max_span_width = max_span_width
+
+  @classmethod
+  def from_config_dataclass(cls, config: configs.RealmModelConfig) -> "OpenQaModel":
+    query_embedder, _ = factory.build_embedders(config.retriever)
+    return cls(query_embedder, factory.build_reader(config.reader, with_span_scorer=True),
+               max_span_width=config.reader.max_span_width)
+
+  @property
+  def checkpoint_items(self):
+    return dict(query_embedder=self.query_embedder, reader=self.reader)
+
+  def call(self, features, training=None):
+    query = self.query_embedder(tower_inputs(features, "question"), training=training)
+    retriever_logits = tf.einsum("bd,bkd->bk", query, tf.cast(features["beam_emb"],
+                                                              query.dtype))
+    shape = tf.shape(features["reader_word_ids"])
+    batch, read = shape[0], features["reader_word_ids"].shape[1]
+    inputs = tower_inputs(features, "reader")
+    sequence = self.reader(inputs, training=training)["sequence_output"]     # [b*R, Lr, H]
+    starts, ends, valid = span_scorer.candidate_spans(
+        inputs["input_type_ids"], inputs["input_mask"], self.max_span_width)
+    span_logits = tf.cast(self.reader.span_scorer(sequence, starts, ends), tf.float32)
+    span_logits += openqa_losses.mask_to_score(valid)
+    num_spans = starts.shape[-1]
+    reader_logits = (tf.reshape(span_logits, [batch, read, num_spans]) +
+                     tf.cast(retriever_logits[:, :read, None], tf.float32))
+    return dict(retriever_logits=tf.cast(retriever_logits, tf.float32),
+                reader_logits=reader_logits,
+                span_starts=tf.reshape(starts, [batch, read, num_spans]),
+                span_ends=tf.reshape(ends, [batch, read, num_spans]))

@@ -1,0 +1,171 @@
+"""Answering questions with evidence, and scoring Open-QA predictions.
+
+Example::
+
+    qa = realm_tf.OpenQA.load("runs/openqa_nq", "runs/index")
+    for a in qa.answer(["who wrote hamlet?"]):
+      print(a.answer, a.score)
+      for e in a.evidence:                 # the blocks read, best retrieved first
+        print(f"  {e.retrieval_score:.2f} {e.title}: {e.text[:80]}")
+      best = a.evidence[a.block_rank]      # where the answer is: best.text[a.start:a.end]
+
+The model and the index load once; ``answer`` takes a batch. The predicted answer is the best
+span over every span of every read block (span score plus the block's retriever score, as
+ORQA predicts), cut out of the block's own text by character offsets.
+"""
+
+import dataclasses
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.modeling.models import OpenQaModel
+from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.tasks import openqa as openqa_task
+
+
+@dataclasses.dataclass
+class Evidence:
+  """One block read for a question."""
+  block_id: int
+  title: str
+  text: str
+  retrieval_score: float
+
+
+@dataclasses.dataclass
+class Answer:
+  """The answer to one question.
+
+  ``evidence[block_rank].text[start:end] == answer``; ``score`` is the span's logit (span
+  score + retriever score).
+  """
+  question: str
+  answer: str
+  score: float
+  block_rank: int
+  start: int
+  end: int
+  evidence: List[Evidence]
+
+  def to_json(self) -> Dict:
+    return dataclasses.asdict(self)
+
+
+def best_checkpoint(model_dir: str) -> str:
+  """The best checkpoint by dev EM (``best_ckpt/``) when training kept one, else the newest."""
+  best = tf.train.latest_checkpoint(f"{model_dir}/best_ckpt")
+  return best or model_dir_lib.latest_checkpoint(model_dir)
+
+
+def check_span_scorer(checkpoint: str, model_dir: str) -> None:
+  names = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+  if not any(n.startswith("reader/span_scorer/") for n in names):
+    raise model_dir_lib.ModelDirError(
+        f"{model_dir}: checkpoint {checkpoint} has no span scorer (reader/span_scorer): it was "
+        "not fine-tuned for Open-QA; fine-tune it (realm-train --experiment=openqa_cpu or "
+        "openqa_{nq,wq,ct}_paper) or convert an ORQA checkpoint with realm-convert")
+
+
+class OpenQA:
+  """A fine-tuned Open-QA model over its index (see the module docstring).
+
+  Args (of ``load``):
+    model_dir: a model directory with a fine-tuned reader (span scorer) and query tower.
+    index_dir: the index the model was fine-tuned against (its block embeddings).
+    blocks_dir: the index's corpus (default: the one its manifest names).
+    checkpoint: a checkpoint (default: ``best_checkpoint``).
+    reader_beam_size: blocks read per question (ORQA: 5).
+    retriever_beam_size: blocks retrieved per question (default: the reader beam; more only
+      for ``top_k_match`` in evaluation).
+  """
+
+  def __init__(self, model: OpenQaModel, builder: inputs_lib.OpenQaInputBuilder,
+               checkpoint: str):
+    self.model = model
+    self.builder = builder
+    self.titles = builder.titles
+    self.checkpoint = checkpoint
+    self.timings = dict(retrieval_seconds=0.0, reading_seconds=0.0, questions=0)
+    self._embed = tf.function(lambda x: model.query_embedder(x, training=False))
+    self._read = tf.function(self._forward)
+
+  def _forward(self, features):
+    out = self.model(features, training=False)
+    return openqa_task.predictions(out, features), out["retriever_logits"]
+
+  @classmethod
+  def load(cls, model_dir: str, index_dir: str, blocks_dir: Optional[str] = None,
+           checkpoint: Optional[str] = None, reader_beam_size: int = 5,
+           retriever_beam_size: Optional[int] = None) -> "OpenQA":
+    config = model_dir_lib.load_config(model_dir)
+    checkpoint = checkpoint or best_checkpoint(model_dir)
+    check_span_scorer(checkpoint, model_dir)
+    model = OpenQaModel.from_config_dataclass(config)
+    model_dir_lib.restore(checkpoint, query_embedder=model.query_embedder, reader=model.reader)
+    task_config = configs.OpenQaTaskConfig(
+        model=config, index_dir=index_dir, blocks_dir=blocks_dir or "",
+        reader_beam_size=reader_beam_size,
+        retriever_beam_size=retriever_beam_size or reader_beam_size)
+    return cls(model, openqa_task.build_input_builder(task_config), checkpoint)
+
+  def predict(self, questions: Sequence[inputs_lib.Question]) -> List[Dict]:
+    """One batch: per question, the answer, its place, the beam and what is correct."""
+    if not questions:
+      return []
+    for q in questions:
+      if not q.question.strip():
+        raise ValueError("empty question")
+    start = time.perf_counter()
+    question_inputs = self.builder.question_inputs([q.question for q in questions])
+    embeddings = self._embed({f"input_{k[9:]}": tf.constant(v)
+                              for k, v in question_inputs.items()}).numpy()
+    features = self.builder.features(questions, embeddings, question_inputs=question_inputs)
+    blocks = [self.builder.block_texts(row[:self.builder.read]) for row in features["beam_ids"]]
+    middle = time.perf_counter()
+    device = {k: tf.constant(features[k]) for k in openqa_task.MODEL_FEATURES}
+    best, retriever_logits = self._read(device)
+    best = {k: v.numpy() for k, v in best.items()}
+    retriever_logits = retriever_logits.numpy()
+    self.timings["retrieval_seconds"] += middle - start
+    self.timings["reading_seconds"] += time.perf_counter() - middle
+    self.timings["questions"] += len(questions)
+    results = []
+    for i, q in enumerate(questions):
+      rank, s, e = int(best["block"][i]), int(best["start"][i]), int(best["end"][i])
+      block = blocks[i][rank]
+      text = openqa_task.span_text(block, s, e)
+      char_start = int(block.char_starts[s]) if text else 0
+      results.append(dict(
+          question=q, answer=text, score=float(best["score"][i]), block_rank=rank,
+          start=char_start, end=char_start + len(text), beam_ids=features["beam_ids"][i],
+          retriever_logits=retriever_logits[i],
+          retriever_correct=features["retriever_correct"][i].astype(bool),
+          span_match=self._span_match(features, i, rank, s, e), blocks=blocks[i]))
+    return results
+
+  @staticmethod
+  def _span_match(features, i, rank, start, end) -> bool:
+    """Whether the predicted span is one of the gold spans (ORQA's ``exact_match``)."""
+    offset = int((features["reader_mask"][i, rank] - features["reader_type_ids"][i, rank]).sum())
+    gold = features["gold_mask"][i, rank] > 0
+    return bool(np.any((features["gold_starts"][i, rank][gold] == start + offset) &
+                       (features["gold_ends"][i, rank][gold] == end + offset)))
+
+  def answer(self, questions: Sequence[str], batch_size: int = 32) -> List[Answer]:
+    """Answers with their evidence, in the order of ``questions``."""
+    out = []
+    for start in range(0, len(questions), batch_size):
+      batch = [inputs_lib.Question(q, []) for q in questions[start:start + batch_size]]
+      for r in self.predict(batch):
+        evidence = [Evidence(int(block_id), self.titles[int(block_id)], block.text,
+                             float(score))
+                    for block_id, score, block in zip(r["beam_ids"], r["retriever_logits"],
+                                                      r["blocks"])]
+        out.append(Answer(r["question"].question, r["answer"], r["score"], r["block_rank"],
+                          r["start"], r["end"], evidence))
+    return out

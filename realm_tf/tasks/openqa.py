@@ -1,0 +1,332 @@
+"""Open-QA fine-tuning (ORQA's recipe, which REALM fine-tunes with), as a Model Garden task.
+
+Per question (``language/orqa/models/orqa_model.py``):
+
+* host: embed the question with the *current* query tower, search the frozen index for the
+  retriever beam, mark the blocks that hold an answer, build the reader inputs of the top
+  ``reader_beam_size`` blocks and their gold spans (``openqa/inputs.py``);
+* device (fixed shapes, one XLA-compilable step): recompute the beam's retriever logits
+  ``q . e(z)`` with the current query tower, read the top blocks, score every span of at most
+  ``max_span_width`` wordpieces (span MLP + the block's retriever logit), and ORQA's loss
+  (``modeling/openqa_losses.py``).
+
+Where retrieval runs: on the host, as in ORQA (its ``retrieve`` is pinned to ``/cpu:0``). The
+input pipeline calls the live query tower (no ``tf.data`` prefetch: a batch is retrieved with
+the weights of the step before it, or the one before that where a strategy fetches a batch
+ahead) and searches the index on the host CPU; the device step only sees fixed-shape tensors
+(``beam_emb`` ``[b, 5000, 128]`` is 2.6 MB a question) and recomputes the beam's scores with
+the current weights, so the gradient is exact. Untested on TPU: there the pipeline's
+query-tower call is a small eager TPU program per batch.
+At 13.3M blocks the host holds one ScaNN index (ORQA's own settings) and the block texts; the
+device needs nothing of the corpus. Which blocks hold an answer is a text test
+(``HasAnswer``, and regular expressions for CuratedTrec) that a device cannot run, which is
+why the beam is built on the host rather than by a device-side top-k.
+
+Metrics (per question, means): ``exact_match`` (the predicted span is a gold span; ORQA's
+``exact_match``, which picks the best checkpoint), ``official_exact_match`` (validation only:
+the predicted text, mapped back to the block's characters, under ORQA's ``eval_utils``
+normalization), ``reader_oracle``, ``top_{k}_match``, ``retriever_loss``, ``reader_loss``, and
+how often each loss term is dropped because nothing is correct (``no_correct_in_beam``,
+``no_correct_read``).
+"""
+
+import logging
+import os
+from typing import Dict, List, Optional
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from official.core import task_factory
+
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.data import contract
+from realm_tf.data import loaders
+from realm_tf.data import qa as qa_lib
+from realm_tf.modeling import losses
+from realm_tf.modeling import openqa_losses
+from realm_tf.modeling.models import OpenQaModel
+from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.retrieval import handle as handle_lib
+from realm_tf.retrieval import mips_index
+from realm_tf.tasks import base
+from realm_tf.tokenization import RealmTokenizer
+
+MODEL_FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_emb",
+                  "reader_word_ids", "reader_mask", "reader_type_ids")
+PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")
+
+
+def load_questions(params: configs.OpenQaDataConfig) -> List[inputs_lib.Question]:
+  """The questions of a data config; malformed lines are skipped and counted (logged)."""
+  records, skipped = qa_lib.read_qa(params.input_path, answer_type=params.answer_type or None)
+  if skipped:
+    logging.warning("%s: skipped %d malformed lines (first: %s)", params.input_path,
+                    len(skipped), skipped[0])
+  return [inputs_lib.Question(r.question, list(r.answers), r.answer_type == "regex")
+          for r in records]
+
+
+def predictions(outputs: Dict[str, tf.Tensor], features: Dict[str, tf.Tensor]):
+  """The best (block, span) of each question over every span of every read block (ORQA's
+  ``get_predictions``): its index in the read blocks, its flat candidate index, and its
+  wordpiece positions inside the block text."""
+  logits = outputs["reader_logits"]                                        # [b, R, C]
+  batch, read, num_spans = tf.shape(logits)[0], logits.shape[1], logits.shape[2]
+  best = tf.argmax(tf.reshape(logits, [batch, read * num_spans]), -1, output_type=tf.int32)
+  block, span = best // num_spans, best % num_spans
+  index = tf.stack([block, span], -1)
+  start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)
+  end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)
+  # The block text starts after [CLS] question [SEP]: the type-0 positions of its row.
+  row_mask = tf.gather(features["reader_mask"], block, batch_dims=1)
+  row_types = tf.gather(features["reader_type_ids"], block, batch_dims=1)
+  offset = tf.reduce_sum(row_mask - row_types, -1)
+  return dict(block=block, span=span, start=start - offset, end=end - offset,
+              score=tf.reduce_max(tf.reshape(logits, [batch, -1]), -1))
+
+
+@task_factory.register_task_cls(configs.OpenQaTaskConfig)
+class OpenQaTask(base.RealmBaseTask):
+  """ORQA's Open-QA fine-tuning (see the module docstring)."""
+
+  def __init__(self, params: configs.OpenQaTaskConfig, logging_dir=None, name="openqa"):
+    super().__init__(params, logging_dir=logging_dir, name=name)
+    self._model: Optional[OpenQaModel] = None
+    self._builder: Optional[inputs_lib.OpenQaInputBuilder] = None
+    self._questions: Dict[bool, List[inputs_lib.Question]] = {}
+    self._embed = None
+
+  # ---------------------------------------------------------------------- model --
+
+  def model_dir_config(self):
+    """The fine-tuned model's directory config: the query tower is no longer the block tower,
+    so the two are not shared (the block embeddings stay those of the index)."""
+    model = self.task_config.model.replace(
+        retriever=self.task_config.model.retriever.replace(share_embedders=False))
+    return model, self.task_config.model.vocab_file
+
+  def build_model(self) -> OpenQaModel:
+    self._model = OpenQaModel.from_config_dataclass(self.task_config.model)
+    return self._model
+
+  def initialize(self, model: OpenQaModel):
+    cfg = self.task_config
+    sources = [(cfg.init_checkpoint, model.checkpoint_items),
+               (cfg.retriever_init_checkpoint, dict(query_embedder=model.query_embedder)),
+               (cfg.reader_init_checkpoint, dict(reader=model.reader))]
+    for path, items in sources:
+      if path:
+        model_dir_lib.restore(model_dir_lib.resolve_checkpoint(path), allow_missing=True,
+                              **items)
+        logging.info("open-qa: %s from %s", ", ".join(items), path)
+
+  # --------------------------------------------------------------------- inputs --
+
+  def builder(self) -> inputs_lib.OpenQaInputBuilder:
+    """The host side: the frozen index, its embeddings and block texts, the tokenizer."""
+    if self._builder is None:
+      self._builder = build_input_builder(self.task_config)
+    return self._builder
+
+  def _embed_questions(self, question_inputs: Dict[str, np.ndarray]) -> np.ndarray:
+    if self._model is None:
+      raise RuntimeError("build_model must run before the inputs are read")
+    if self._embed is None:
+      embedder = self._model.query_embedder
+      self._embed = tf.function(lambda x: embedder(x, training=False))
+    inputs = {f"input_{k[9:]}": tf.constant(v) for k, v in question_inputs.items()}
+    return self._embed(inputs).numpy().astype(np.float32)
+
+  def build_inputs(self, params: configs.OpenQaDataConfig, input_context=None):
+    """Questions -> features of the current query tower (see the module docstring)."""
+    questions = load_questions(params)
+    self._questions[params.is_training] = questions
+    builder = self.builder()
+    lengths = builder.tokenizer.count_wordpieces([q.question for q in questions])
+    cut = sum(n > builder.query_seq_length - 2 for n in lengths)
+    if cut:
+      logging.warning("%s: %d of %d questions are longer than the query length (%d) and are "
+                      "truncated", params.input_path, cut, len(questions),
+                      builder.query_seq_length)
+    batch = loaders.per_replica_batch_size(params.global_batch_size, input_context)
+    indices = np.arange(len(questions))
+    if input_context and input_context.num_input_pipelines > 1:
+      indices = indices[input_context.input_pipeline_id::input_context.num_input_pipelines]
+    if params.is_training and len(indices) < batch:
+      raise configs.ConfigError(f"{params.input_path}: {len(indices)} questions, fewer than "
+                                f"one batch ({batch})")
+    rng = np.random.RandomState(params.seed)
+
+    def generate():
+      order = indices.copy()
+      while True:
+        if params.is_training:
+          rng.shuffle(order)
+        stop = len(order) - len(order) % batch if params.is_training else len(order)
+        for start in range(0, stop, batch):
+          chunk = order[start:start + batch]
+          chosen = [questions[i] for i in chunk]
+          question_inputs = builder.question_inputs([q.question for q in chosen])
+          features = builder.features(chosen, self._embed_questions(question_inputs),
+                                      question_indices=chunk, question_inputs=question_inputs)
+          for row in range(len(chunk)):
+            yield {k: v[row] for k, v in features.items()}
+        if not params.is_training:
+          return
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=feature_signature(builder))
+    # No prefetch: each batch is retrieved with the query tower its step starts from.
+    return dataset.batch(batch, drop_remainder=params.is_training)
+
+  # ----------------------------------------------------------------- the steps --
+
+  def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:
+    """This replica's share of the global mean over questions of ORQA's loss."""
+    return losses.global_mean_share(
+        tf.reduce_sum(model_outputs["retriever_loss"] + model_outputs["reader_loss"]),
+        tf.shape(model_outputs["retriever_loss"])[0])
+
+  def _top_k(self):
+    return [k for k in self.task_config.top_k if k <= self.task_config.retriever_beam_size]
+
+  def build_metrics(self, training=None):
+    names = ["exact_match", "reader_oracle", "retriever_loss", "reader_loss",
+             "no_correct_in_beam", "no_correct_read"] + [f"top_{k}_match" for k in self._top_k()]
+    return [tf_keras.metrics.Mean(n) for n in names]
+
+  def forward_outputs(self, inputs, model, metrics, training: bool):
+    out = model(inputs, training=training)
+    reader_correct = openqa_losses.correct_spans(
+        out["span_starts"], out["span_ends"], inputs["gold_starts"], inputs["gold_ends"],
+        inputs["gold_mask"])
+    terms = openqa_losses.openqa_loss(out["retriever_logits"], inputs["retriever_correct"],
+                                      out["reader_logits"], reader_correct)
+    loss = self.build_losses(inputs, terms)
+    best = predictions(out, inputs)
+    span_match = tf.gather_nd(reader_correct, tf.stack([best["block"], best["span"]], -1),
+                              batch_dims=1)
+    if metrics:
+      retrieved = tf.cast(inputs["retriever_correct"], tf.bool)
+      values = dict(
+          exact_match=span_match,
+          reader_oracle=terms["any_reader_correct"],
+          retriever_loss=terms["retriever_loss"], reader_loss=terms["reader_loss"],
+          no_correct_in_beam=~terms["any_retriever_correct"],
+          no_correct_read=~terms["any_reader_correct"],
+          **{f"top_{k}_match": tf.reduce_any(retrieved[:, :k], -1) for k in self._top_k()})
+      for metric in metrics:
+        metric.update_state(tf.cast(values[metric.name], tf.float32))
+    return loss, best
+
+  def forward(self, inputs, model, metrics, training: bool):
+    return self.forward_outputs(inputs, model, metrics, training)[0]
+
+  def validation_step(self, inputs, model, metrics=None):
+    loss, best = self.forward_outputs(inputs, model, metrics, training=False)
+    block_id = tf.gather(inputs["beam_ids"], best["block"], batch_dims=1)
+    return {self.loss: loss * losses.num_replicas(),
+            "question_index": inputs["question_index"], "predicted_block": block_id,
+            "predicted_start": best["start"], "predicted_end": best["end"]}
+
+  def aggregate_logs(self, state=None, step_outputs=None):
+    state = state if state is not None else {k: [] for k in PREDICTION_KEYS}
+    for key in PREDICTION_KEYS:
+      state[key].extend(np.concatenate([np.asarray(v).reshape(-1)
+                                        for v in step_outputs[key]]).tolist())
+    return state
+
+  def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    """``official_exact_match`` over the validation questions: the predicted span's text in
+    the block, scored with ORQA's ``eval_utils`` rules."""
+    questions = self._questions.get(False, [])
+    builder = self.builder()
+    seen, correct = set(), []
+    for q_index, block_id, start, end in zip(*(aggregated_logs[k] for k in PREDICTION_KEYS)):
+      if q_index < 0 or q_index in seen:
+        continue
+      seen.add(q_index)
+      text = span_text(builder.block_texts([block_id])[0], start, end)
+      correct.append(inputs_lib.official_match(text, questions[q_index]))
+    return {"official_exact_match": float(np.mean(correct)) if correct else 0.0,
+            "questions": float(len(correct))}
+
+
+def span_text(block: inputs_lib.BlockText, start: int, end: int) -> str:
+  """The characters of the block text that wordpieces ``start..end`` cover."""
+  if not len(block.token_ids) or start < 0 or end >= len(block.token_ids) or end < start:
+    return ""
+  return block.text[int(block.char_starts[start]):int(block.char_ends[end])]
+
+
+def feature_signature(builder: inputs_lib.OpenQaInputBuilder) -> Dict[str, tf.TensorSpec]:
+  """The shapes of one question's features (``openqa.inputs.FEATURES``)."""
+  lq, lr = builder.query_seq_length, builder.reader_seq_length
+  beam, read, gold = builder.beam, builder.read, builder.max_gold_spans
+  dim = builder.embeddings.shape[1]
+  spec = lambda shape, dtype=tf.int32: tf.TensorSpec(shape, dtype)
+  return dict(
+      question_word_ids=spec([lq]), question_mask=spec([lq]), question_type_ids=spec([lq]),
+      beam_ids=spec([beam]), beam_emb=spec([beam, dim], tf.float32),
+      retriever_correct=spec([beam]), reader_word_ids=spec([read, lr]),
+      reader_mask=spec([read, lr]), reader_type_ids=spec([read, lr]),
+      gold_starts=spec([read, gold]), gold_ends=spec([read, gold]),
+      gold_mask=spec([read, gold]), question_index=spec([]))
+
+
+def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int] = None):
+  """The published index of ``index_dir`` and its corpus: ``(handle, blocks_dir)``.
+
+  ``blocks_dir`` defaults to the one the index's manifest names; the corpus must be the one
+  the index was built over (checked by fingerprint).
+  """
+  latest = os.path.join(index_dir, "LATEST")
+  if not tf.io.gfile.exists(latest):
+    raise contract.MissingDataError(f"no index in {index_dir} (no LATEST); build one with "
+                                    "realm-index build")
+  with tf.io.gfile.GFile(latest) as f:
+    path = os.path.join(index_dir, f.read().strip())
+  manifest = mips_index.read_manifest(path)
+  blocks_dir = blocks_dir or manifest.get("blocks_dir", "")
+  if not blocks_dir:
+    raise contract.DataError(f"{path}: the index does not name its blocks dir; give blocks_dir")
+  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+  if manifest.get("corpus_fingerprint") != blocks_manifest["fingerprint"]:
+    raise contract.DataError(
+        f"the index {path} was built over another corpus than {blocks_dir} (fingerprint "
+        f"{manifest.get('corpus_fingerprint')} != {blocks_manifest['fingerprint']})")
+  handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=blocks_manifest["fingerprint"],
+                                  expected_dim=expected_dim, watch=False)
+  handle.wait_for_first()
+  return handle, blocks_dir
+
+
+def index_embeddings(handle) -> np.ndarray:
+  try:
+    return np.asarray(handle.index.embeddings, np.float32)
+  except ValueError:
+      return np.load(os.path.join(handle.path, mips_index.EMBEDDINGS_NAME)).astype(np.float32)
+
+
+def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optional[int] = None,
+                        retriever_beam_size: Optional[int] = None
+                        ) -> inputs_lib.OpenQaInputBuilder:
+  """The host side of a task config: index, embeddings, block texts and tokenizer."""
+  if not cfg.index_dir:
+    raise configs.ConfigError("task.index_dir is not set: the Open-QA task searches a frozen "
+                              "index (realm-index build --model_dir=<the initial model>)")
+  handle, blocks_dir = open_index(cfg.index_dir, cfg.blocks_dir,
+                                  cfg.model.retriever.projection_size)
+  texts = contract.read_block_fields(blocks_dir, fields=("title", "body"))
+  bodies = [texts[i]["body"] for i in range(len(texts))]
+  tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+  embeddings = index_embeddings(handle)
+  logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
+  return inputs_lib.OpenQaInputBuilder(
+      bodies, embeddings, handle.search, tokenizer,
+      query_seq_length=cfg.model.retriever.query_seq_length,
+      reader_seq_length=cfg.model.reader.openqa_seq_length,
+      retriever_beam_size=retriever_beam_size or min(cfg.retriever_beam_size, len(bodies)),
+      reader_beam_size=reader_beam_size or cfg.reader_beam_size,
+      max_gold_spans=cfg.max_gold_spans, titles=[texts[i]["title"] for i in range(len(texts))])
