@@ -32,8 +32,10 @@ setuptools.setup(
     extras_require={"test": ["pytest"]},
     entry_points={
         "console_scripts": [
+            "realm-answer=realm_tf.binaries.answer:run",
             "realm-convert=realm_tf.binaries.convert:run",
             "realm-demo=experiments.demo:run",
+            "realm-eval=realm_tf.binaries.eval:run",
             "realm-index=realm_tf.binaries.index:run",
             "realm-refresh=realm_tf.binaries.refresh:run",
             "realm-train=realm_tf.binaries.train:run",

@@ -1,0 +1,101 @@
+r"""realm-answer: answer questions with a fine-tuned Open-QA model, showing the evidence read.
+
+    realm-answer --model_dir=runs/openqa_nq --index_dir=runs/index \
+        "who wrote hamlet?" "when was the eiffel tower built?"
+
+    # One JSON object per question (realm_tf.openqa.predict.Answer.to_json()):
+    realm-answer --model_dir=... --index_dir=... --json "who wrote hamlet?"
+
+For each question: the answer and its score, then the blocks read (best retrieved first) with
+their retrieval scores and titles; in the block the answer was cut from, the snippet shows it
+bracketed, ``... [[answer]] ...``.
+"""
+
+import json
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.binaries import cli
+from realm_tf.openqa import predict
+from realm_tf.retrieval import errors
+
+flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
+flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
+flags.DEFINE_string("blocks_dir", None, "The index's corpus (default: the one it names).")
+flags.DEFINE_string("checkpoint", None,
+                    "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
+flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question.", lower_bound=1)
+flags.DEFINE_bool("json", False, "Print one JSON object per question instead of text.")
+flags.DEFINE_integer("snippet_chars", 160, "Characters of block text shown per block.",
+                     lower_bound=20)
+
+FLAGS = flags.FLAGS
+
+
+def _squash(text: str) -> str:
+  return " ".join(text.split())
+
+
+def snippet(text: str, start: int = -1, end: int = -1, width: int = 160) -> str:
+  """About ``width`` characters of ``text``, whitespace collapsed; with ``0 <= start < end``,
+  the window around ``text[start:end]``, bracketed as ``[[...]]``."""
+  if not 0 <= start < end <= len(text):
+    flat = _squash(text)
+    return flat[:width] + "..." if len(flat) > width else flat
+  answer = _squash(text[start:end])
+  room = max(0, width - len(answer)) // 2
+  left, right = _squash(text[:start]), _squash(text[end:])
+  left_cut, right_cut = left[-room:] if room else "", right[:room]
+  pre = ("..." if len(left_cut) < len(left) else "") + left_cut
+  post = right_cut + ("..." if len(right_cut) < len(right) else "")
+  pad_left = " " if left and text[start - 1].isspace() else ""
+  pad_right = " " if right and text[end].isspace() else ""
+  return f"{pre}{pad_left}[[{answer}]]{pad_right}{post}".strip()
+
+
+def format_answer(answer: predict.Answer, width: int = 160) -> str:
+  """The text report of one answer: answer, score and the evidence read."""
+  lines = [f"question: {answer.question}",
+           f"answer:   {answer.answer or '(none)'}   (score {answer.score:.3f})",
+           f"evidence ({len(answer.evidence)} blocks read):"]
+  for rank, e in enumerate(answer.evidence):
+    here = rank == answer.block_rank and bool(answer.answer)
+    mark = "*" if here else " "
+    lines.append(f" {mark}{rank + 1:2d}. [{e.retrieval_score:8.3f}] {e.title}  "
+                 f"(block {e.block_id})")
+    lines.append("      " + (snippet(e.text, answer.start, answer.end, width) if here
+                             else snippet(e.text, width=width)))
+  return "\n".join(lines)
+
+
+def main(argv):
+  questions = argv[1:]
+  if not questions:
+    raise app.UsageError('usage: realm-answer --model_dir=... --index_dir=... "question" ...')
+  for i, q in enumerate(questions, 1):
+    if not q.strip():
+      raise ValueError(f"question {i} is empty")
+  missing = [f"--{n}" for n in ("model_dir", "index_dir") if not getattr(FLAGS, n)]
+  if missing:
+    raise app.UsageError(f"missing flags: {', '.join(missing)}")
+  if not tf.io.gfile.isdir(FLAGS.model_dir):
+    raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
+  qa = predict.OpenQA.load(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir,
+                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size)
+  answers = qa.answer(questions)
+  if FLAGS.json:
+    for a in answers:
+      print(json.dumps(a.to_json(), ensure_ascii=False))
+    return
+  print("\n\n".join(format_answer(a, FLAGS.snippet_chars) for a in answers))
+
+
+def run():
+  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError, ValueError))
+
+
+if __name__ == "__main__":
+  run()
