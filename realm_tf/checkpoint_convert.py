@@ -12,8 +12,11 @@ Known layouts (the variable names are those of DESIGN.md, "Released checkpoints"
 * ``orqa``: Open-QA fine-tuned from REALM: query tower under
   ``module/module/module/module/bert/`` + ``module/module/module/{dense,LayerNorm}/``, reader
   BERT under ``reader/module/bert/`` (MLM head ``reader/module/cls/``) and span scorer
-  ``reader/{dense,dense_1,layer_normalization}/``. Block embeddings (``block_emb``) are
-  written to ``block_emb.npy`` when a checkpoint holding them is given.
+  ``reader/{dense,dense_1,layer_normalization}/``. Block embeddings (``block_emb``,
+  ``[num_blocks, 128]``, row ``i`` = record ``i`` of the released ``blocks.tfr``) are written to
+  ``block_emb.npy`` when a checkpoint holding them is given; ``realm-index import`` turns the
+  released blocks into a blocks directory and ``realm-index build --embeddings_file`` indexes
+  them.
 
 The BERT name mapping builds on Model Garden's TF1 converter table
 (``tf1_bert_checkpoint_converter_lib.BERT_V2_NAME_REPLACEMENTS``); tensors are reshaped to the
@@ -37,6 +40,10 @@ from realm_tf import modeling
 SKIP_PATTERNS = ("adam_m", "adam_v", "AdamWeightDecayOptimizer", "global_step",
                  "beta1_power", "beta2_power", "/Adam", "cls/seq_relationship",
                  "good_steps", "loss_scale")
+
+# Where convert() writes the block embeddings of a block_emb checkpoint, in the model directory.
+BLOCK_EMB_NAME = "block_emb.npy"
+BLOCK_EMB_VARIABLE = "block_emb"
 
 LAYOUTS = {
     "bert": dict(reader_bert="bert/", reader_mlm="cls/predictions/"),
@@ -180,10 +187,43 @@ def _assign(targets: Dict[str, tf.Variable], reader, path: str, layout: str) -> 
     variable.assign(np.reshape(value, variable.shape).astype(np.float32))
 
 
+def _open_block_emb(path: str, projection_size: int):
+  """The checkpoint reader of a ``block_emb`` checkpoint, its variable checked to be
+  ``[num_blocks, projection_size]``."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+  except (tf.errors.OpError, ValueError) as e:
+    raise ConversionError(f"cannot read block_emb checkpoint {path}: "
+                          f"{str(e).splitlines()[0]}") from None
+  shapes = reader.get_variable_to_shape_map()
+  if BLOCK_EMB_VARIABLE not in shapes:
+    sample = ", ".join(sorted(shapes)[:3])
+    raise ConversionError(f"{path} holds no variable {BLOCK_EMB_VARIABLE!r} (first "
+                          f"variables: {sample})")
+  shape = list(shapes[BLOCK_EMB_VARIABLE])
+  if len(shape) != 2 or shape[1] != projection_size or shape[0] < 1:
+    raise ConversionError(f"{path}: {BLOCK_EMB_VARIABLE} has shape {shape} but the model's "
+                          f"embeddings are [num_blocks, {projection_size}]")
+  return reader
+
+
+def _save_block_emb(reader, output_dir: str) -> str:
+  """Writes ``block_emb`` as float32 ``output_dir/block_emb.npy`` (temp file, then rename)."""
+  path = os.path.join(output_dir, BLOCK_EMB_NAME)
+  block_emb = np.asarray(reader.get_tensor(BLOCK_EMB_VARIABLE), np.float32)
+  with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
+    np.save(f, block_emb)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+  return path
+
+
 def convert(tf1_checkpoints: Sequence[str], bert_config_file: str, vocab_file: str,
             output_dir: str, lower_case: bool = True,
             block_emb_checkpoint: Optional[str] = None) -> str:
   """Converts one or more TF1 checkpoints into one realm_tf model directory.
+
+  ``block_emb_checkpoint``: a checkpoint holding ``block_emb`` (ORQA's and REALM's block
+  embeddings, ``[num_blocks, 128]``), written as ``output_dir/block_emb.npy``.
 
   Returns the path of the written TF2 checkpoint (``output_dir/ckpt-0``).
   """
@@ -205,6 +245,9 @@ def convert(tf1_checkpoints: Sequence[str], bert_config_file: str, vocab_file: s
                                         share_embedders="orqa" not in layouts),
       reader=configs.ReaderConfig(encoder=encoder_config), vocab_file=vocab_file,
       lower_case=lower_case)
+  block_emb = None
+  if block_emb_checkpoint:
+    block_emb = _open_block_emb(block_emb_checkpoint, model_config.retriever.projection_size)
   query_embedder, block_embedder = modeling.build_embedders(model_config.retriever)
   reader_model = modeling.build_reader(model_config.reader,
                                        with_span_scorer="orqa" in layouts)
@@ -234,9 +277,8 @@ def convert(tf1_checkpoints: Sequence[str], bert_config_file: str, vocab_file: s
                  "projection is freshly initialized")
 
   model_dir_lib.write_metadata(output_dir, model_config, vocab_file)
-  if block_emb_checkpoint:
-    block_emb = tf.train.load_checkpoint(block_emb_checkpoint).get_tensor("block_emb")
-    np.save(os.path.join(output_dir, "block_emb.npy"), block_emb)
+  if block_emb is not None:
+    logging.info("wrote %s", _save_block_emb(block_emb, output_dir))
   manager = tf.train.CheckpointManager(model_dir_lib.make_checkpoint(**items), output_dir,
                                        max_to_keep=1)
   return manager.save(checkpoint_number=0)

@@ -8,7 +8,21 @@ Example (the released REALM CC-News retriever and encoder, downloaded beforehand
     --bert_config=cc_news_pretrained/bert/bert_config.json \
     --vocab_file=cc_news_pretrained/bert/vocab.txt \
     --output_dir=converted/cc_news
+
+ORQA (the fine-tuned Open-QA model; its block embeddings come from a checkpoint holding
+``block_emb``, written as ``block_emb.npy``), then the released blocks and their index::
+
+  realm-convert --tf1_checkpoint=<orqa_nq_model_from_realm checkpoint prefix> \
+    --block_emb_checkpoint=<checkpoint prefix holding block_emb> \
+    --bert_config=<its bert_config.json> --vocab_file=<its vocab.txt> \
+    --output_dir=converted/orqa_nq
+  realm-index import --blocks_tfr=<release>/blocks.tfr --titles_tfr=<release>/titles.tfr \
+    --vocab_file=converted/orqa_nq/vocab.txt --blocks_dir=data/released_blocks
+  realm-index build --model_dir=converted/orqa_nq --blocks_dir=data/released_blocks \
+    --index_dir=converted/orqa_nq/index     # block embeddings: converted/orqa_nq/block_emb.npy
 """
+
+import os
 
 from absl import flags
 
@@ -23,7 +37,8 @@ flags.DEFINE_string("vocab_file", None, "WordPiece vocabulary of the checkpoint.
 flags.DEFINE_string("output_dir", None, "Model directory to write.")
 flags.DEFINE_bool("lower_case", True, "Whether the vocabulary is uncased.")
 flags.DEFINE_string("block_emb_checkpoint", None,
-                    "ORQA: checkpoint holding `block_emb`, saved as block_emb.npy.")
+                    "ORQA: checkpoint holding `block_emb` [num_blocks, 128], saved as "
+                    f"<output_dir>/{checkpoint_convert.BLOCK_EMB_NAME}.")
 flags.mark_flags_as_required(["tf1_checkpoint", "bert_config", "vocab_file", "output_dir"])
 
 
@@ -36,6 +51,10 @@ def main(argv):
                                     lower_case=FLAGS.lower_case,
                                     block_emb_checkpoint=FLAGS.block_emb_checkpoint)
   print(f"wrote {path} (load it with realm_tf.Embedder.load({FLAGS.output_dir!r}))")
+  if FLAGS.block_emb_checkpoint:
+    block_emb = os.path.join(FLAGS.output_dir, checkpoint_convert.BLOCK_EMB_NAME)
+    print(f"wrote {block_emb} (index it with realm-index build --model_dir={FLAGS.output_dir} "
+          "--blocks_dir=<realm-index import output> --index_dir=...)")
 
 
 def run():

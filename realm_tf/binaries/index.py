@@ -11,12 +11,26 @@ r"""realm-index: build a MIPS index over a corpus once, and search it from the c
     # Search: query text in, top-k block titles, scores and text out.
     realm-index search --index_dir=idx --model_dir=runs/pretrain --blocks_dir=data/blocks \
         --query="who wrote hamlet?" --k=5
+
+    # Google's released corpus (blocks.tfr + titles.tfr) -> a blocks directory, then the index
+    # of a converted ORQA model from its precomputed block embeddings (realm-convert
+    # --block_emb_checkpoint wrote <model_dir>/block_emb.npy; it is the default here, since the
+    # model has no block tower).
+    realm-index import --blocks_tfr=release/blocks.tfr --titles_tfr=release/titles.tfr \
+        --vocab_file=converted/orqa/vocab.txt --blocks_dir=data/released_blocks
+    realm-index build --model_dir=converted/orqa --blocks_dir=data/released_blocks \
+        --index_dir=idx [--embeddings_file=converted/orqa/block_emb.npy]
 """
+
+import os
 
 from absl import flags
 
+from realm_tf import checkpoint_convert
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 from realm_tf.data import contract
+from realm_tf.data import released
 from realm_tf.retrieval import cli_flags
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
@@ -25,12 +39,30 @@ from realm_tf.retrieval import search as search_lib
 
 flags.DEFINE_string("model_dir", None, "A model directory (model_config.yaml, vocab, ckpt-N).")
 flags.DEFINE_string("checkpoint", None, "A checkpoint in --model_dir (default: the newest).")
-flags.DEFINE_string("blocks_dir", None, "The blocks directory (the blocks pipeline's output).")
+flags.DEFINE_string("blocks_dir", None,
+                    "The blocks directory (the blocks pipeline's output; import: written).")
 flags.DEFINE_string("index_dir", None, "The index directory (step-<N>/ and LATEST).")
 flags.DEFINE_string("embeddings_dir", None,
                     "embed: where shards go; build: merge these shards instead of embedding.")
+flags.DEFINE_string("embeddings_file", None,
+                    "build: a [num_blocks, projection_size] .npy of block embeddings to index "
+                    "instead of embedding (default: <model_dir>/"
+                    f"{checkpoint_convert.BLOCK_EMB_NAME} for a model without a block tower).")
 flags.DEFINE_integer("shard_index", 0, "embed: which shard of the corpus.")
-flags.DEFINE_integer("num_shards", 1, "embed: into how many shards the corpus is split.")
+flags.DEFINE_integer("num_shards", 0, "embed: into how many shards the corpus is split (0: 1); "
+                     "import: output shards (0: one per "
+                     f"{released.BLOCKS_PER_SHARD:,} blocks).")
+flags.DEFINE_string("blocks_tfr", None, "import: the released blocks.tfr (block texts).")
+flags.DEFINE_string("titles_tfr", None, "import: the released titles.tfr (their titles).")
+flags.DEFINE_string("vocab_file", None, "import: the WordPiece vocabulary of the model.")
+flags.DEFINE_bool("lower_case", True, "import: whether the vocabulary is uncased.")
+flags.DEFINE_integer("block_seq_length", contract.BLOCK_SEQ_LENGTH,
+                     "import: wordpieces per block, [CLS] title [SEP] body [SEP] included.")
+flags.DEFINE_integer("limit", 0, "import: only the first N blocks (0: all).")
+flags.register_validator("num_shards", lambda v: v >= 0, message="--num_shards must be >= 0")
+flags.register_validator("limit", lambda v: v >= 0, message="--limit must be >= 0")
+flags.register_validator("block_seq_length", lambda v: v >= 3,
+                         message="--block_seq_length must be at least 3")
 flags.DEFINE_integer("keep", 3, "build: indexes to keep in --index_dir.")
 flags.DEFINE_multi_string("query", None, "search: query text (repeatable).")
 flags.DEFINE_integer("k", 5, "search: results per query.")
@@ -38,7 +70,7 @@ flags.DEFINE_integer("snippet_chars", 160, "search: characters of block text to 
 cli_flags.define_build_flags()
 
 FLAGS = flags.FLAGS
-COMMANDS = ("build", "embed", "search")
+COMMANDS = ("build", "embed", "import", "search")
 
 
 def _require(*names):
@@ -47,17 +79,33 @@ def _require(*names):
     raise errors.RetrievalError(f"missing flags: {', '.join('--' + n for n in missing)}")
 
 
+def _default_embeddings_file(checkpoint: str):
+  """``<model_dir>/block_emb.npy`` when it exists and the model has no block tower, else None."""
+  path = os.path.join(FLAGS.model_dir, checkpoint_convert.BLOCK_EMB_NAME)
+  if not os.path.exists(path):
+    return None
+  if refresher.has_block_tower(model_dir_lib.load_config(FLAGS.model_dir), checkpoint):
+    return None
+  print(f"[realm-index] the model has no block tower: indexing {path}", flush=True)
+  return path
+
+
 def build():
   _require("model_dir", "blocks_dir", "index_dir")
+  if FLAGS.embeddings_dir and FLAGS.embeddings_file:
+    raise errors.RetrievalError("give --embeddings_dir or --embeddings_file, not both")
   checkpoint = refresher.find_checkpoint(FLAGS.model_dir, FLAGS.checkpoint)
-  embeddings = None
+  embeddings, embeddings_file = None, FLAGS.embeddings_file
   if FLAGS.embeddings_dir:
     manifest = contract.load_blocks_manifest(FLAGS.blocks_dir)
     embeddings = corpus_embedding.merge_embedding_shards(FLAGS.embeddings_dir,
                                                          int(manifest["num_blocks"]))
+  elif not embeddings_file:
+    embeddings_file = _default_embeddings_file(checkpoint)
   path = refresher.build_index_for_checkpoint(
       checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.index_dir,
-      options=cli_flags.build_options_from_flags(keep=FLAGS.keep), embeddings=embeddings)
+      options=cli_flags.build_options_from_flags(keep=FLAGS.keep), embeddings=embeddings,
+      embeddings_file=embeddings_file)
   print(path)
 
 
@@ -65,7 +113,19 @@ def embed():
   _require("model_dir", "blocks_dir", "embeddings_dir")
   print(refresher.embed_shard_for_checkpoint(
       FLAGS.checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.embeddings_dir,
-      FLAGS.shard_index, FLAGS.num_shards, batch_size=FLAGS.batch_size, progress=FLAGS.progress))
+      FLAGS.shard_index, FLAGS.num_shards or 1, batch_size=FLAGS.batch_size,
+      progress=FLAGS.progress))
+
+
+def import_blocks():
+  _require("blocks_tfr", "titles_tfr", "vocab_file", "blocks_dir")
+  manifest = released.import_released_blocks(
+      FLAGS.blocks_tfr, FLAGS.titles_tfr, FLAGS.vocab_file, FLAGS.blocks_dir,
+      lower_case=FLAGS.lower_case, block_seq_length=FLAGS.block_seq_length,
+      num_shards=FLAGS.num_shards or None, progress=FLAGS.progress, limit=FLAGS.limit or None)
+  shards = manifest["num_shards"]
+  print(f"wrote {manifest['num_blocks']} blocks in {shards} shard{'s' * (shards != 1)} to "
+        f"{FLAGS.blocks_dir} (fingerprint {manifest['fingerprint']})")
 
 
 def _snippet(text: str) -> str:
@@ -92,7 +152,7 @@ def main(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise errors.RetrievalError(
         f"usage: realm-index {{{'|'.join(COMMANDS)}}} --flags... (got {' '.join(argv[1:])!r})")
-  {"build": build, "embed": embed, "search": search}[argv[1]]()
+  {"build": build, "embed": embed, "import": import_blocks, "search": search}[argv[1]]()
 
 
 def run():

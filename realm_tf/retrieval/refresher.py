@@ -12,6 +12,12 @@ Example (in-process; ``realm-refresh`` is the same loop as a binary)::
 
     refresh_loop("runs/pretrain", "runs/pretrain/index", "data/blocks", keep=3,
                  min_step_interval=500)
+
+A model without a block tower (ORQA, converted by ``realm-convert``: its block embeddings come
+as ``block_emb.npy``) is indexed once from those embeddings::
+
+    build_index_for_checkpoint(None, "converted/orqa", "data/released_blocks", "idx",
+                               embeddings_file="converted/orqa/block_emb.npy")
 """
 
 import dataclasses
@@ -23,6 +29,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import checkpoint_convert
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.data import contract
@@ -55,6 +62,55 @@ class BuildOptions:
   keep: int = 3
   tensorboard_dir: Optional[str] = None
   progress: bool = True
+
+
+def has_block_tower(config, checkpoint_path: str) -> bool:
+  """Whether a checkpoint of a model with this ``RealmModelConfig`` holds a block tower.
+
+  Shared embedders always do; separate ones (ORQA) may ship precomputed block embeddings
+  instead. Raises CheckpointNotFoundError when the checkpoint cannot be read.
+  """
+  if config.retriever.share_embedders:
+    return True
+  try:
+    names = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
+  except (tf.errors.OpError, ValueError) as e:
+    raise errors.CheckpointNotFoundError(
+        f"cannot read checkpoint {checkpoint_path}: {str(e).strip().splitlines()[0]}") from None
+  return any(n.startswith("block_embedder/") for n in names)
+
+
+def load_embeddings_file(path: str, num_blocks: int, dim: int,
+                         blocks_dir: Optional[str] = None) -> np.ndarray:
+  """A ``[num_blocks, dim]`` ``.npy`` file of block embeddings (row = block_id), memory-mapped.
+
+  E.g. ``block_emb.npy``, which ``realm-convert --block_emb_checkpoint`` writes for ORQA.
+  Raises MissingDataError (no such file), CorpusFormatError (unreadable, not floats, or a row
+  count other than ``num_blocks``) or DimensionMismatchError (not ``[rows, dim]``), each
+  naming the file.
+  """
+  if not tf.io.gfile.exists(path):
+    raise contract.MissingDataError(f"embeddings file not found: {path}")
+  try:
+    table = np.load(path, mmap_mode="r")
+  except (OSError, ValueError) as e:
+    raise errors.CorpusFormatError(f"cannot read {path} as a .npy array: "
+                                   f"{str(e).strip().splitlines()[0]}") from None
+  if not isinstance(table, np.ndarray) or not np.issubdtype(table.dtype, np.floating):
+    kind = table.dtype if isinstance(table, np.ndarray) else type(table).__name__
+    raise errors.CorpusFormatError(f"{path} holds {kind}, not float embeddings")
+  if table.ndim != 2:
+    raise errors.DimensionMismatchError(
+        f"{path} has shape {list(table.shape)}, not [num_blocks, {dim}]")
+  corpus = f" in {blocks_dir}" if blocks_dir else ""
+  if table.shape[0] != num_blocks:
+    raise errors.CorpusFormatError(
+        f"{path} has {table.shape[0]} rows but the corpus{corpus} has {num_blocks} blocks "
+        "(embeddings of another corpus?)")
+  if table.shape[1] != dim:
+    raise errors.DimensionMismatchError(
+        f"{path} has dimension {table.shape[1]} but the model's projection_size is {dim}")
+  return table if table.dtype == np.float32 else np.asarray(table, np.float32)
 
 
 def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
@@ -117,12 +173,31 @@ class Refresher:
       self.query_embedder, self.block_embedder = modeling.build_embedders(self.config.retriever)
     self._embed_query = tf.function(lambda x: self.query_embedder(x, training=False))
 
-  def _restore(self, checkpoint_path: str) -> None:
-    """Partial restore of the towers; CheckpointVanishedError if the files went away."""
+  def _restore(self, checkpoint_path: str, block_tower: bool = True) -> None:
+    """Partial restore of the towers; CheckpointVanishedError if the files went away.
+
+    Without ``block_tower`` (the corpus embeddings are given) only the query tower is needed.
+    """
     shared = self.query_embedder is self.block_embedder
+    if block_tower and not shared:
+      try:
+        present = has_block_tower(self.config, checkpoint_path)
+      except errors.CheckpointNotFoundError:
+        if not tf.io.gfile.exists(checkpoint_path + ".index"):
+          raise errors.CheckpointVanishedError(
+              f"checkpoint {checkpoint_path} disappeared while being read") from None
+        raise
+      if not present:
+        block_emb = os.path.join(self.model_dir, checkpoint_convert.BLOCK_EMB_NAME)
+        raise errors.RetrievalError(
+            f"checkpoint {checkpoint_path} has no block tower (an ORQA model ships its block "
+            f"embeddings instead): build the index from them (realm-index build "
+            f"--embeddings_file={block_emb})")
     try:
       if shared:
         model_dir_lib.restore(checkpoint_path, block_embedder=self.block_embedder)
+      elif not block_tower:
+        model_dir_lib.restore(checkpoint_path, query_embedder=self.query_embedder)
       else:
         model_dir_lib.restore(checkpoint_path, query_embedder=self.query_embedder,
                               block_embedder=self.block_embedder)
@@ -156,19 +231,31 @@ class Refresher:
         for i in range(0, int(inputs["input_word_ids"].shape[0]), 128)])
     return mips_index.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_blocks))
 
-  def build(self, checkpoint_path: str, embeddings: Optional[np.ndarray] = None) -> str:
+  def build(self, checkpoint_path: str, embeddings: Optional[np.ndarray] = None,
+            embeddings_file: Optional[str] = None) -> str:
     """Restores, embeds, builds, publishes; returns the published directory.
 
-    ``embeddings``: the corpus already embedded with this checkpoint (e.g. merged from
-    ``realm-index embed`` shards); the corpus is then not embedded again.
+    Args:
+      checkpoint_path: the checkpoint to index.
+      embeddings: the corpus already embedded with this checkpoint (e.g. merged from
+        ``realm-index embed`` shards); the corpus is then not embedded again and only the query
+        tower is restored.
+      embeddings_file: the same as a ``[num_blocks, projection_size]`` ``.npy`` file (e.g. an
+        ORQA model's ``block_emb.npy``); checked by :func:`load_embeddings_file`.
     """
+    if embeddings is not None and embeddings_file:
+      raise ValueError("give embeddings or embeddings_file, not both")
     start = time.time()
     step = model_dir_lib.checkpoint_step(checkpoint_path)
-    self._build_towers()
-    self._restore(checkpoint_path)
-    restored = time.time()
     opts = self.options
     num_blocks = int(self.blocks_manifest["num_blocks"])
+    if embeddings_file:  # Checked before the towers are built: a wrong file fails fast.
+      config = self.config or model_dir_lib.load_config(self.model_dir)
+      embeddings = load_embeddings_file(embeddings_file, num_blocks,
+                                        config.retriever.projection_size, self.blocks_dir)
+    self._build_towers()
+    self._restore(checkpoint_path, block_tower=embeddings is None)
+    restored = time.time()
     if embeddings is None:
       ids, emb = corpus_embedding.embed_corpus(
           self.block_embedder, self.blocks_dir, self.config.retriever.block_seq_length,
@@ -201,6 +288,9 @@ class Refresher:
         f"recall_at_{RECALL_K}": recall,
         "recall_queries": opts.recall_queries if recall is not None else 0,
     }
+    if embeddings_file:
+      metadata["embeddings_file"] = (embeddings_file if "://" in embeddings_file
+                                     else os.path.abspath(embeddings_file))
 
     metadata["build_seconds"] = round(time.time() - start, 3)
     path = publish.publish(index, self.index_dir, step, metadata,
@@ -229,15 +319,18 @@ class Refresher:
 def build_index_for_checkpoint(checkpoint_path: Optional[str], model_dir: str, blocks_dir: str,
                                index_dir: str, options: Optional[BuildOptions] = None,
                                strategy: Optional[tf.distribute.Strategy] = None,
-                               embeddings: Optional[np.ndarray] = None) -> str:
+                               embeddings: Optional[np.ndarray] = None,
+                               embeddings_file: Optional[str] = None) -> str:
   """Builds and publishes the index of one checkpoint; returns ``index_dir/step-<N>``.
 
-  ``checkpoint_path`` None means the newest checkpoint of ``model_dir``.
+  ``checkpoint_path`` None means the newest checkpoint of ``model_dir``. ``embeddings`` or
+  ``embeddings_file``: precomputed corpus embeddings (see ``Refresher.build``), needed for a
+  model without a block tower.
   """
   _require_model_dir(model_dir)
   checkpoint_path = find_checkpoint(model_dir, checkpoint_path)
   return Refresher(model_dir, blocks_dir, index_dir, options, strategy).build(
-      checkpoint_path, embeddings=embeddings)
+      checkpoint_path, embeddings=embeddings, embeddings_file=embeddings_file)
 
 
 def embed_shard_for_checkpoint(checkpoint_path: Optional[str], model_dir: str, blocks_dir: str,
