@@ -15,7 +15,11 @@ An experiment, not a library: it drives the data pipelines, ``realm-train`` and
 5. at the same time, the stale-index ablation: the same run with the index built once and
    never refreshed;
 6. held-out evaluation (``realm-train --mode=eval``: the REALM task's validation) of the
-   starting point (the ICT towers and the reading reader) and of both runs.
+   starting point (the ICT towers and the reading reader) and of both runs;
+7. Open-QA fine-tuning (ORQA's recipe, ``tasks/openqa.py``) on the world's training questions,
+   from the ICT towers + the reading reader (the ORQA baseline) and from the refreshed REALM
+   run, each against a frozen index of its own block tower; test-question EM and zero-shot
+   recall@5 (a top-5 block holds an answer, before fine-tuning) side by side.
 
 Everything goes under ``--output_dir``; a summary is printed and saved as ``results.json``.
 """
@@ -42,6 +46,8 @@ flags.DEFINE_integer("realm_steps", 1000, "REALM pre-training steps (each run)."
 flags.DEFINE_float("realm_learning_rate", 1e-4, "REALM peak learning rate.")
 flags.DEFINE_integer("refresh_every", 25, "Checkpoint (and so index refresh) interval.")
 flags.DEFINE_bool("stale_ablation", True, "Also run the never-refreshed index ablation.")
+flags.DEFINE_integer("openqa_steps", 600, "Open-QA fine-tuning steps (each run).")
+flags.DEFINE_float("openqa_learning_rate", 1e-4, "Open-QA peak learning rate.")
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
 
@@ -172,6 +178,64 @@ def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
   return results
 
 
+def openqa_overrides(vocab, index_dir, qa_file, dev_file, retriever_dir, reader_dir):
+  n = vocab_size(vocab)
+  return ",".join([
+      f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
+      f"task.model.retriever.encoder.vocab_size={n}", f"task.index_dir={index_dir}",
+      f"task.train_data.input_path={qa_file}", f"task.validation_data.input_path={dev_file}",
+      f"task.retriever_init_checkpoint={retriever_dir}",
+      f"task.reader_init_checkpoint={reader_dir}",
+  ] + intervals(max(1, FLAGS.openqa_steps // 3)) + schedule(FLAGS.openqa_steps,
+                                                            FLAGS.openqa_learning_rate))
+
+
+def openqa(runs, out, dirs, files, vocab):
+  """Open-QA fine-tuning runs ``{name: (retriever_dir, reader_dir)}``, side by side, each from
+  the towers of ``retriever_dir`` and the reader of ``reader_dir`` against a frozen index of
+  ``retriever_dir``'s block tower. Returns ``{name: (before, after)}``: the test questions'
+  validation logs of the initialization (the span scorer untrained; ``top_5_match`` is the
+  zero-shot recall@5) and of the fine-tuned model."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
+  config_file = os.path.join(CONFIG_DIR, "openqa_cpu__demo.yaml")
+
+  def overrides(name, split):
+    retriever_dir, reader_dir = runs[name]
+    return openqa_overrides(vocab, os.path.join(out, f"{name}_index"), files["qa_train"],
+                            files[split], retriever_dir, reader_dir)
+
+  procs = []
+  for name, (retriever_dir, _) in runs.items():
+    refresher.build_index_for_checkpoint(
+        None, retriever_dir, dirs["blocks"], os.path.join(out, f"{name}_index"),
+        options=refresher.BuildOptions(index_type="brute_force", progress=False))
+    log = os.path.join(out, f"{name}.train.log")
+    _say(f"Open-QA fine-tuning '{name}' ({FLAGS.openqa_steps} steps); log in {log}")
+    procs.append((_run(["realm_tf.binaries.train", "--experiment=openqa_cpu",
+                        "--mode=train_and_eval", f"--config_file={config_file}",
+                        f"--model_dir={os.path.join(out, name)}",
+                        "--params_override=" + overrides(name, "qa_dev")], log), name, log))
+  try:
+    for proc, name, log in procs:
+      _wait(proc, f"realm-train ({name})", log)
+  finally:
+    for proc, _, _ in procs:
+      if proc.poll() is None:
+        proc.kill()
+  results = {}
+  for name in runs:
+    params = configs.load_experiment("openqa_cpu", [config_file], overrides(name, "qa_test"))
+    # An empty model directory evaluates the initialization.
+    start_dir = os.path.join(out, f"{name}_start")
+    tf.io.gfile.makedirs(start_dir)
+    results[name] = (train_lib.run_experiment(params, start_dir, mode="eval"),
+                     train_lib.run_experiment(params, os.path.join(out, name), mode="eval"))
+  return results
+
+
 def evaluate(params, model_dir):
   """The REALM task's validation of ``model_dir`` (``realm-train --mode=eval``)."""
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
@@ -257,11 +321,29 @@ def main(argv):
     print(f"{name:28s} {r['step']:6d} {r['recall@5']:9.3f} {r['retrieval_utility']:14.3f} "
           f"{r['mlm_accuracy']:8.3f}")
   print("=" * 78)
+
+  realm_dir = runs["refreshed"][0]
+  labels = {"openqa_orqa": "ORQA baseline (ICT + reading reader)",
+            "openqa_realm": "REALM (refreshed run)"}
+  finetuned = openqa({"openqa_orqa": (ict_dir, reader_dir),
+                      "openqa_realm": (realm_dir, realm_dir)}, out, dirs, files, vocab)
+  qa_rows = {labels[name]: dict(before=before, after=after)
+             for name, (before, after) in finetuned.items()}
+  num_test = int(next(iter(qa_rows.values()))["after"]["questions"])
+  print(f"Open-QA on the synthetic world: {num_test} held-out test questions "
+        f"({FLAGS.openqa_steps} fine-tuning steps each)")
+  print(f"{'model':38s} {'zero-shot R@5':>13s} {'EM before':>10s} {'EM after':>9s} "
+        f"{'top-5 after':>11s}")
+  for label, r in qa_rows.items():
+    print(f"{label:38s} {r['before']['top_5_match']:13.3f} "
+          f"{r['before']['official_exact_match']:10.3f} "
+          f"{r['after']['official_exact_match']:9.3f} {r['after']['top_5_match']:11.3f}")
+  print("=" * 78)
   elapsed = time.time() - start
   _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
-    json.dump(dict(rows=rows, seconds=elapsed, ict=ict_metrics, reader_read=reader_metrics), f,
-              indent=2, default=float)
+    json.dump(dict(rows=rows, openqa=qa_rows, seconds=elapsed, ict=ict_metrics,
+                   reader_read=reader_metrics), f, indent=2, default=float)
 
 
 def run():
