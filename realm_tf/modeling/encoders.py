@@ -7,10 +7,33 @@ from official.nlp.configs import encoders
 from official.nlp.modeling import networks
 
 
+# ``BertEncoderConfig.hidden_activation`` names of the two GELUs. Google's BERT (and so every
+# released TF1 checkpoint) calls the tanh approximation "gelu"; Hugging Face's "gelu" is the exact
+# erf form, which is ``GELU_EXACT`` here.
+GELU_TANH = "gelu"
+GELU_EXACT = "gelu_exact"
+
+
+@tf_keras.utils.register_keras_serializable(package="realm_tf")
+def gelu_exact(x):
+  """The exact GELU, ``x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))``.
+
+  Registered as ``realm_tf>gelu_exact``, so an encoder built with it survives ``get_config`` /
+  ``from_config``.
+  """
+  return tf_keras.activations.gelu(x, approximate=False)
+
+
 def get_activation(name: str):
-  """Activation by name; ``gelu`` is BERT's tanh approximation, as in the released models."""
-  if name == "gelu":
+  """Activation by name.
+
+  ``gelu`` is BERT's tanh approximation, as in the released models; ``gelu_exact`` is the erf
+  form (Hugging Face's ``gelu``). Other names go to Model Garden's ``tf_utils.get_activation``.
+  """
+  if name == GELU_TANH:
     return tf_utils.get_activation("gelu", approximate=True)
+  if name == GELU_EXACT:
+    return gelu_exact
   return tf_utils.get_activation(name)
 
 
