@@ -69,6 +69,17 @@ def _wait(proc, name, log_path):
     raise RuntimeError(f"{name} failed (exit {proc.returncode}); last log lines:\n{tail}")
 
 
+def _wait_all(procs):
+  """Waits for each ``(process, name, log)`` in order; on a failure, kills the rest."""
+  try:
+    for proc, name, log in procs:
+      _wait(proc, name, log)
+  finally:
+    for proc, _, _ in procs:
+      if proc.poll() is None:
+        proc.kill()
+
+
 def make_world(seed: int, name_seed: int):
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
   scale = FLAGS.world_scale
@@ -162,14 +173,8 @@ def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
     for binary, args in (("realm-refresh", refresher_args), ("realm-train", trainer_args)):
       log = os.path.join(out, f"{name}.{binary.split('-')[1]}.log")
       procs.append((_run(args, log), binary, log))
-  try:
-    # Trainers first: a refresher exits only after its trainer has finished.
-    for proc, binary, log in sorted(procs, key=lambda p: p[1] == "realm-refresh"):
-      _wait(proc, binary, log)
-  finally:
-    for proc, _, _ in procs:
-      if proc.poll() is None:
-        proc.kill()
+  # Trainers first: a refresher exits only after its trainer has finished.
+  _wait_all(sorted(procs, key=lambda p: p[1] == "realm-refresh"))
   results = {}
   for name in runs:
     with open(os.path.join(out, f"{name}.refresh.log")) as f:
@@ -217,14 +222,9 @@ def openqa(runs, out, dirs, files, vocab):
     procs.append((_run(["realm_tf.binaries.train", "--experiment=openqa_cpu",
                         "--mode=train_and_eval", f"--config_file={config_file}",
                         f"--model_dir={os.path.join(out, name)}",
-                        "--params_override=" + overrides(name, "qa_dev")], log), name, log))
-  try:
-    for proc, name, log in procs:
-      _wait(proc, f"realm-train ({name})", log)
-  finally:
-    for proc, _, _ in procs:
-      if proc.poll() is None:
-        proc.kill()
+                        "--params_override=" + overrides(name, "qa_dev")], log),
+                  f"realm-train ({name})", log))
+  _wait_all(procs)
   results = {}
   for name in runs:
     params = configs.load_experiment("openqa_cpu", [config_file], overrides(name, "qa_test"))

@@ -138,9 +138,7 @@ def evaluate(qa, records: Sequence[qa_lib.QARecord], batch_size: int = 32,
       **{f"top_{k}_match": float(np.mean(v)) for k, v in top.items()},
       questions=n, correct=int(np.sum(em)), skipped_lines=int(skipped_lines),
       # Questions longer than the query tower's input, cut to fit (ORQA never cuts).
-      questions_truncated=int(sum(
-          length > qa.builder.query_seq_length - 2 for length in
-          qa.builder.tokenizer.count_wordpieces([r.question for r in records]))),
+      questions_truncated=qa.builder.count_truncated([r.question for r in records]),
       retriever_beam_size=int(beam), reader_beam_size=int(read),
       retrieval_seconds=float(retrieval), reading_seconds=float(reading),
       retrieval_seconds_per_question=float(retrieval / n),

@@ -250,6 +250,11 @@ class OpenQaInputBuilder:
     self.stats["questions_truncated"] += int((lengths.numpy() > self.query_seq_length - 2).sum())
     return {f"question_{k[6:]}": v.numpy() for k, v in inputs.items()}
 
+  def count_truncated(self, questions: Sequence[str]) -> int:
+    """How many of ``questions`` are longer than the query tower's input (cut to fit)."""
+    return sum(n > self.query_seq_length - 2
+               for n in self.tokenizer.count_wordpieces(list(questions)))
+
   def reader_row(self, question_ids: np.ndarray, block: BlockText):
     """One ``[CLS] q [SEP] block [SEP]`` row and the block part's offset and length."""
     length = self.reader_seq_length

@@ -144,8 +144,7 @@ class OpenQaTask(base.RealmBaseTask):
     questions = load_questions(params)
     self._questions[params.is_training] = questions
     builder = self.builder()
-    lengths = builder.tokenizer.count_wordpieces([q.question for q in questions])
-    cut = sum(n > builder.query_seq_length - 2 for n in lengths)
+    cut = builder.count_truncated([q.question for q in questions])
     if cut:
       logging.warning("%s: %d of %d questions are longer than the query length (%d) and are "
                       "truncated", params.input_path, cut, len(questions),
