@@ -6,7 +6,10 @@ masked positions.
 
 * salient / random span (:func:`mask_span`): the sentence is tokenized as three pieces, the text
   before the span, the span, the text after it, so the masked positions are exactly the span's
-  wordpieces; every one becomes ``[MASK]``. A span of more than ``max_masks`` wordpieces is not
+  wordpieces; every one becomes ``[MASK]``. A span of more than ``max_masks`` wordpieces is masked
+  whole and only its first ``max_masks`` wordpieces are predicted (as Google's
+  ``featurization.py``: ``mask_query`` masks the whole span, ``truncate_or_pad`` then keeps the
+  first ``max_masks`` targets); a span longer than the query (``query_seq_length - 2``) is not
   used. A sentence longer than ``query_seq_length - 2`` is **cut around the span** (context kept
   on both sides, as evenly as the sentence allows), never skipped.
 * random span (:func:`choose_random_span`), SpanBERT-style: a run of whole words whose length is
@@ -41,9 +44,13 @@ def mask_span(prefix_ids: Sequence[int], span_ids: Sequence[int], suffix_ids: Se
 
   Example: prefix ``[7, 8]``, span ``[9, 10]``, suffix ``[11]``, cls 2, sep 3, mask 4 ->
   ``query_ids [2, 7, 8, 4, 4, 11, 3]``, ``mlm_positions [3, 4]``, ``mlm_ids [9, 10]``.
+
+  A span of more than ``max_masks`` wordpieces is still masked whole; ``mlm_positions`` and
+  ``mlm_ids`` are its first ``max_masks`` wordpieces. None for an empty span or one longer than
+  ``query_seq_length - 2``.
   """
   n = len(span_ids)
-  if n == 0 or n > max_masks or n > query_seq_length - 2:
+  if n == 0 or n > query_seq_length - 2:
     return None
   room = query_seq_length - 2 - n
   left, right = len(prefix_ids), len(suffix_ids)
@@ -58,8 +65,9 @@ def mask_span(prefix_ids: Sequence[int], span_ids: Sequence[int], suffix_ids: Se
   kept_prefix = list(prefix_ids[len(prefix_ids) - left:]) if left else []
   kept_suffix = list(suffix_ids[:right])
   query = [cls_id] + kept_prefix + [mask_id] * n + kept_suffix + [sep_id]
-  positions = list(range(1 + len(kept_prefix), 1 + len(kept_prefix) + n))
-  return MaskedQuery(query, positions, list(span_ids), answer)
+  predicted = min(n, max_masks)
+  positions = list(range(1 + len(kept_prefix), 1 + len(kept_prefix) + predicted))
+  return MaskedQuery(query, positions, list(span_ids[:predicted]), answer)
 
 
 def word_spans(sentence: str) -> List[Tuple[int, int]]:

@@ -260,7 +260,7 @@ def main(argv):
   num_blocks = contract.load_blocks_manifest(dirs["blocks"])["num_blocks"]
   _say(f"world: {len(world.articles)} articles -> {num_blocks} blocks, "
        f"{prepared['pretrain']['num_train']} masked training sentences, "
-       f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT pairs; "
+       f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT blocks; "
        f"{len(reading)} reading worlds")
 
   def warm_start(name, experiment, steps, learning_rate, overrides, yaml_files=()):

@@ -104,8 +104,13 @@ class IctDataConfig(cfg.DataConfig):
 
 @dataclasses.dataclass
 class MaskedLmDataConfig(IctDataConfig):
-  """Masked sentences (the pre-training examples pipeline) and the blocks they retrieve from."""
+  """Masked sentences (the pre-training examples pipeline) and the blocks they retrieve from.
+
+  ``resample_masks``: when training, each read of a sentence draws one of its masking variants
+  (a salient span afresh, as REALM's example generator); off, or when evaluating, the fixed one.
+  """
   blocks_dir: str = ""
+  resample_masks: bool = True
 
 
 @dataclasses.dataclass
@@ -181,6 +186,12 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
     reader_init_checkpoint: a checkpoint with a ``reader`` to start the reader from.
     recall_at: validation's zero-shot recall@k: does one of the top k blocks (the sentence's
       own block excluded) hold the masked answer?
+    qa_eval_path: a QA file (JSON lines, ``realm_tf.data.qa``: e.g. the synthetic world's
+      ``qa-dev.jsonl``); when set, each validation pass also reports ``qa_recall@<recall_at>``
+      (Table 2 of the paper: does one of the top k blocks retrieved for the question hold an
+      answer, by ORQA's ``HasAnswer``) and ``qa_questions``. Empty: no QA recall.
+    qa_answer_type: ``regex`` (CuratedTrec's patterns) or ``text`` for every question of
+      ``qa_eval_path``; empty: as its records say.
 
   Validation (``validation_data``: held-out masked sentences) retrieves exactly, over the
   whole corpus embedded with the current block tower: it measures the model, not the
@@ -196,6 +207,8 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   retriever_init_checkpoint: str = ""
   reader_init_checkpoint: str = ""
   recall_at: int = 5
+  qa_eval_path: str = ""
+  qa_answer_type: str = ""
 
 
 
@@ -338,9 +351,9 @@ def realm_pretrain_cpu() -> cfg.ExperimentConfig:
 
 @_register("ict_paper")
 def ict_paper() -> cfg.ExperimentConfig:
-  """ORQA's ICT warm start: BERT-base, batch 4096, lr 1e-4, 100k steps."""
+  """ORQA's ICT warm start: BERT-base, 64-wordpiece queries, batch 4096, lr 1e-4, 100k steps."""
   return cfg.ExperimentConfig(
-      task=IctTaskConfig(model=RetrieverConfig(encoder=bert_base()),
+      task=IctTaskConfig(model=RetrieverConfig(encoder=bert_base(), query_seq_length=64),
                          train_data=IctDataConfig(global_batch_size=4096)),
       trainer=_trainer(100_000, 1e-4, 10_000, 1000, 100),
       runtime=_runtime("paper"),
@@ -484,3 +497,52 @@ def load_experiment(name: str,
   params.validate()
   params.lock()
   return params
+
+
+# ---- The paper's recipe starts every stage from trained weights. ----
+
+# A YAML value that still has to be filled in (experiments/configs/*_paper__tpu.yaml).
+PLACEHOLDER = "REPLACE_ME"
+
+
+def init_requirements(task) -> List[List[Sequence[str]]]:
+  """The init checkpoints a paper-scale task needs, as ``task.`` keys.
+
+  Each requirement is a list of alternatives; an alternative (a tuple of keys) holds when all
+  its keys are set. ICT starts both towers from BERT-base; REALM starts the retriever from ICT
+  and the reader from BERT-base; Open-QA starts from REALM (or the towers and the reader from
+  two model directories: ORQA's baseline is ICT + BERT).
+  """
+  if isinstance(task, IctTaskConfig):
+    return [[("init_checkpoint",)]]
+  if isinstance(task, RealmPretrainTaskConfig):
+    return [[("retriever_init_checkpoint",)], [("reader_init_checkpoint",)]]
+  if isinstance(task, OpenQaTaskConfig):
+    return [[("init_checkpoint",), ("retriever_init_checkpoint", "reader_init_checkpoint")]]
+  return []
+
+
+def check_init_checkpoints(name: str, params: cfg.ExperimentConfig,
+                           allow_random_init: bool = False) -> None:
+  """Refuses to train a paper-scale experiment (``*_paper``) from random weights.
+
+  Raises ConfigError naming the first missing (or still placeholder) ``task.`` key, unless
+  ``allow_random_init``. CPU-scale experiments are never checked.
+  """
+  if allow_random_init or not name.endswith("_paper"):
+    return
+
+  def is_set(key):
+    value = getattr(params.task, key)
+    return bool(value) and not value.startswith(PLACEHOLDER)
+
+  for alternatives in init_requirements(params.task):
+    if any(all(is_set(k) for k in keys) for keys in alternatives):
+      continue
+    keys = next(k for k in alternatives[0] if not is_set(k))
+    value = getattr(params.task, keys)
+    state = f"is the placeholder {value!r}" if value else "is not set"
+    wanted = " (or " + " and ".join(f"task.{k}" for k in alternatives[1]) + ")" if len(
+        alternatives) > 1 else ""
+    raise ConfigError(f"{name} starts from trained weights but task.{keys}{wanted} {state}; "
+                      "set it (README: Reproducing the paper) or pass --allow_random_init")

@@ -24,8 +24,19 @@ def test_mask_span_example():
   q = masking.mask_span([7, 8], [9, 10], [11], "x", CLS, SEP, MASK)
   assert q.query_ids == [2, 7, 8, 4, 4, 11, 3]
   assert q.mlm_positions == [3, 4] and q.mlm_ids == [9, 10]
-  assert masking.mask_span([1], list(range(11)), [], "x", CLS, SEP, MASK) is None
   assert masking.mask_span([1], [], [], "x", CLS, SEP, MASK) is None
+
+
+def test_mask_span_longer_than_max_masks_predicts_its_first_wordpieces():
+  span = list(range(100, 113))  # 13 wordpieces, max_masks 10.
+  q = masking.mask_span([7], span, [8, 9], "x", CLS, SEP, MASK, query_seq_length=20)
+  assert q.query_ids == [CLS, 7] + [MASK] * 13 + [8, 9, SEP]
+  assert q.mlm_positions == list(range(2, 12)) and q.mlm_ids == span[:10]
+  # A span that does not fit in the query (18 + [CLS] + [SEP] > 19) is still refused.
+  assert masking.mask_span([], list(range(18)), [], "x", CLS, SEP, MASK,
+                           query_seq_length=19) is None
+  assert masking.mask_span([], list(range(17)), [], "x", CLS, SEP, MASK,
+                           query_seq_length=19) is not None
 
 
 def test_mask_span_cuts_long_sentence_around_span():
@@ -149,3 +160,29 @@ def test_long_sentence_is_cut_around_the_span(tokenizer):
   (_, q), = built
   assert len(q.query_ids) == 96 and "sentence_cut_around_span" in events
   assert q.mlm_ids == tokenizer.tokenize(["Quintrell"])[0].numpy().tolist()
+
+
+LONG_NAME = "Qorvanthiuszel Pyrmadqoxtil"
+
+
+def test_long_salient_span_is_masked_whole_and_first_max_masks_predicted(tokenizer):
+  sentence = f"The explorer {LONG_NAME} reached Mérida in 1843."
+  name_ids = tokenizer.tokenize([LONG_NAME])[0].numpy().tolist()
+  assert len(name_ids) == 13  # The premise of the test.
+  prefix_ids = tokenizer.tokenize(["The explorer "])[0].numpy().tolist()
+  sent_ids = tokenizer.tokenize([sentence])[0].numpy().tolist()
+  builder = pretrain_examples.ExampleBuilder(tokenizer, "salient")
+  built, events = builder.build([_record(sentence, [(LONG_NAME, "PERSON")])])
+  (_, q), = built
+  start = 1 + len(prefix_ids)
+  assert q.query_ids == ([tokenizer.cls_id] + sent_ids[:start - 1] + [tokenizer.mask_id] * 13
+                         + sent_ids[start - 1 + 13:] + [tokenizer.sep_id])
+  assert q.mlm_positions == list(range(start, start + 10))
+  assert q.mlm_ids == name_ids[:10] and q.answer == LONG_NAME
+  assert events.count("long_span_first_predicted") == 1
+  assert not any(e.startswith("skip:") for e in events)
+  # A query too short for the whole span: the span is refused, the sentence gives nothing.
+  short = pretrain_examples.ExampleBuilder(tokenizer, "salient", query_seq_length=14)
+  built, events = short.build([_record(sentence, [(LONG_NAME, "PERSON")])])
+  assert built == [] and "skip:span_longer_than_query" in events
+  assert "skip:no_usable_salient_span" in events

@@ -13,7 +13,9 @@ import tensorflow as tf
 from data_prep import pipeline
 from data_prep import salient_spans
 from data_prep import synthetic_world
+from realm_tf import configs
 from realm_tf.data import contract
+from realm_tf.data import loaders
 from realm_tf.tokenization import RealmTokenizer
 
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -186,7 +188,9 @@ def test_prepare_all_outputs(prepared):
     assert answer in sentence
     assert answer in names or re.fullmatch(r"\d{4}", answer), answer
     n = int(sum(ex["mlm_weights"]))
-    assert ex["mlm_ids"][:n] == tok.tokenize([answer])[0].numpy().tolist()
+    # A span longer than 10 wordpieces is masked whole; its first 10 are predicted.
+    answer_ids = tok.tokenize([answer])[0].numpy().tolist()
+    assert n == min(len(answer_ids), 10) and ex["mlm_ids"][:n] == answer_ids[:n]
     assert [ex["query_ids"][p] for p in ex["mlm_positions"][:n]] == [tok.mask_id] * n
   ds = contract.make_dataset(dirs["pretrain"], "train", contract.parse_pretrain_example,
                              with_host_features=False).batch(4)
@@ -197,19 +201,50 @@ def test_prepare_all_outputs(prepared):
 
 def test_ict_outputs(prepared):
   _, paths, out = prepared
-  ds = contract.make_dataset(out["dirs"]["ict"], "train", contract.parse_ict_example)
-  removed = []
+  ict_dir, manifest = out["dirs"]["ict"], out["ict"]
   tok = RealmTokenizer(paths["vocab"])
-  for ex in ds.take(200):
-    ex = {k: v.numpy() for k, v in ex.items()}
-    assert ex["block_ids"].shape == (288,) and ex["query_ids"].shape == (96,)
-    q = ex["query_ids"][1:ex["query_mask"].sum() - 1].tolist()
-    body = ex["block_ids"][ex["block_type_ids"] == 1][:-1].tolist()
-    contains = any(body[i:i + len(q)] == q for i in range(len(body) - len(q) + 1))
-    assert contains == (not ex["sentence_removed"])
-    removed.append(ex["sentence_removed"])
+  assert manifest["sampling"] == contract.ICT_SAMPLING == contract.load_ict_manifest(
+      ict_dir)["sampling"]
+  assert (manifest["cls_id"], manifest["sep_id"], manifest["remove_prob"]) == (
+      tok.cls_id, tok.sep_id, 0.9)
+  counts = manifest["counts"]
+  # One record per block of two or more sentences; the others skipped and counted.
+  assert manifest["num_train"] > 0 and manifest["num_eval"] > 0
+  assert manifest["num_train"] + manifest["num_eval"] + counts.get(
+      "skip:single_sentence_block", 0) == out["blocks"]["num_blocks"]
+  # Tokenizing sentence by sentence gives the body's wordpieces (whitespace between them).
+  assert counts.get("sentence_tokens_differ", 0) == 0 and "skip:sentence_past_block" not in counts
+  by_id = {b["block_id"]: b for b in contract.read_blocks(out["dirs"]["blocks"])}
+  records = contract.read_examples(ict_dir, "train") + contract.read_examples(ict_dir, "eval")
+  assert len(records) == manifest["num_train"] + manifest["num_eval"]
+  assert sum(len(r["sentence_lengths"]) for r in records) == manifest["num_sentences"]
+  for r in records:
+    block = by_id[r["block_id"][0]]
+    assert len(r["sentence_lengths"]) >= 2 and min(r["sentence_lengths"]) > 0
+    assert r["title_ids"] == tok.tokenize([block["title"]])[0].numpy().tolist()
+    assert r["sentence_token_ids"] == tok.tokenize([block["body"]])[0].numpy().tolist()
+    # The block as the index sees it: [CLS] title [SEP] body [SEP].
+    assert block["token_ids"] == [tok.cls_id] + r["title_ids"] + [tok.sep_id] + r[
+        "sentence_token_ids"] + [tok.sep_id]
+  # The loader draws the pairs: the query is in its block exactly when not removed, and a
+  # block left whole is the blocks directory's.
+  data = configs.IctDataConfig(input_path=os.path.join(ict_dir, "train-*"), is_training=False,
+                               global_batch_size=50, drop_remainder=False)
+  loader = loaders.get_loader(data, query_seq_length=96, block_seq_length=288)
+  removed = []
+  for batch in loader.load().take(4):
+    for ex in [{k: v[i] for k, v in batch.items()} for i in range(len(batch["block_id"]))]:
+      ex = {k: v.numpy() for k, v in ex.items()}
+      assert ex["block_ids"].shape == (288,) and ex["query_ids"].shape == (96,)
+      q = ex["query_ids"][1:ex["query_mask"].sum() - 1].tolist()
+      body = ex["block_ids"][ex["block_type_ids"] == 1][:-1].tolist()
+      contains = any(body[i:i + len(q)] == q for i in range(len(body) - len(q) + 1))
+      assert contains == (not ex["sentence_removed"])
+      if not ex["sentence_removed"]:
+        token_ids = by_id[int(ex["block_id"])]["token_ids"]
+        assert ex["block_ids"][:ex["block_mask"].sum()].tolist() == token_ids
+      removed.append(ex["sentence_removed"])
   assert 0.75 < np.mean(removed) < 0.98
-  assert out["ict"]["num_train"] > 0 and tok.vocab_size > 0
 
 
 def test_pipeline_is_deterministic(prepared, tmp_path):

@@ -153,9 +153,46 @@ class MarginalLossTest(tf.test.TestCase):
     lp = lp - np.log(np.exp(lp - lp.max(-1, keepdims=True)).sum(-1, keepdims=True)) - lp.max(
         -1, keepdims=True)
     null = np.take_along_axis(lp[:, 0], features["mlm_ids"].numpy()[..., None], -1)[..., 0]
-    self.assertAllClose(m["retrieval_utility"], ((log_p_y - null) * w).sum(1), atol=1e-4)
+    span_sum = ((log_p_y - null) * w).sum(1)
+    self.assertAllClose(m["retrieval_utility_sum"], span_sum, atol=1e-4)
+    # Per masked token: the span's sum over its number of real mask tokens.
+    self.assertAllClose(m["retrieval_utility"], span_sum / np.maximum(w.sum(1), 1), atol=1e-4)
     p = tf.nn.softmax(out["retrieval_logits"]).numpy()
     self.assertAllClose(m["entropy"], -(p * np.log(p)).sum(1), atol=1e-5)
+
+  def test_retrieval_utility_metric_is_a_mean_per_masked_token(self):
+    """Over a pass, the sum over every real mask token of log p(y_j|x) - log p(y_j|null,x),
+    divided by the number of those tokens; an example without one counts for nothing."""
+    self.examples["mlm_weights"][1] = 0.0                  # an example with no mask token
+    self.examples["mlm_weights"][3, 1:] = 0.0              # one with a single token
+    _, f = self.features()
+    w = f["mlm_weights"]
+    self.assertGreater(len(set(w.sum(1).tolist())), 2)     # different numbers of tokens
+    out = self.model({k: tf.constant(f[k]) for k in realm_pretrain.DEVICE_FEATURES},
+                     training=False)
+    logits = out["mlm_logits"].numpy().astype(np.float64)
+    log_p_y, _, _ = numpy_marginal(out["retrieval_logits"].numpy().astype(np.float64), logits,
+                                   f["mlm_ids"], w)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    utility = np.zeros_like(w, dtype=np.float64)
+    for i in range(len(w)):
+      for j in range(M):
+        utility[i, j] = log_p_y[i, j] - log_probs[i, 0, j, f["mlm_ids"][i, j]]
+    want = (utility * w).sum() / w.sum()
+    per_example = np.mean([(utility[i] * w[i]).sum() / w[i].sum() for i in range(len(w))
+                           if w[i].sum() > 0])
+    self.assertGreater(abs(want - per_example), 1e-3)     # the two means differ here
+
+    task = realm_pretrain.RealmPretrainTask(configs.RealmPretrainTaskConfig(model=self.config))
+    metrics = task.build_metrics(training=False)
+    for start, stop in ((0, 2), (2, 5)):                  # a pass of two batches
+      batch = {k: tf.constant(f[k][start:stop]) for k in realm_pretrain.DEVICE_FEATURES}
+      batch["recall_hit"] = tf.zeros([stop - start])
+      task.validation_step(batch, self.model, metrics)
+    got = {m.name: m.result().numpy() for m in metrics}
+    self.assertAllClose(got["retrieval_utility"], want, rtol=1e-4, atol=1e-5)
+    self.assertEqual(got["examples"], 5)
 
   def test_candidates_null_first_no_trivial_block(self):
     _, f = self.features()
@@ -212,7 +249,8 @@ class MarginalLossTest(tf.test.TestCase):
     # (XLA cannot place clusters on logical CPU devices; the XLA test is below.)
     def replica(x):
       loss, m = realm_pretrain.replica_loss(mirrored, x, training=False)
-      return dict(loss=loss, retrieval_utility=tf.reduce_sum(m["retrieval_utility"]))
+      return dict(loss=loss, retrieval_utility=tf.reduce_sum(m["retrieval_utility_sum"]),
+                  num_tokens=tf.reduce_sum(m["num_tokens"]))
 
     @tf.function
     def step(x):
@@ -220,8 +258,10 @@ class MarginalLossTest(tf.test.TestCase):
       return {k: strategy.reduce("SUM", v, axis=None) for k, v in sums.items()}
     got = step(next(iter(dataset)))
     self.assertAllClose(got["loss"], default_loss, rtol=1e-5)
-    self.assertAllClose(got["retrieval_utility"], tf.reduce_sum(default_m["retrieval_utility"]),
-                        rtol=1e-4)
+    # The token sums of the utility add up over replicas (the metric is their ratio).
+    self.assertAllClose(got["retrieval_utility"],
+                        tf.reduce_sum(default_m["retrieval_utility_sum"]), rtol=1e-4)
+    self.assertAllClose(got["num_tokens"], tf.reduce_sum(default_m["num_tokens"]))
 
   def test_bfloat16_policy(self):
     """runtime.mixed_precision_dtype=bfloat16: the towers compute in bfloat16, their

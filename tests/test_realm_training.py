@@ -208,11 +208,11 @@ def test_clear_errors(prepared, ict_dir):
   with pytest.raises(loaders.InputError, match="query length 32 but the model"):
     realm_pretrain.RealmPretrainTask(params.task).build_inputs(params.task.train_data)
 
-  # ICT pairs (ICT and the reader warm start read them) written for another block length.
+  # ICT blocks (ICT and the reader warm start read them) written shorter than the model's.
   params = configs.load_experiment("ict_cpu", params_override=",".join([
       f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
-      "task.model.block_seq_length=48"]))
-  with pytest.raises(ValueError, match="block_seq_length=64 but the config asks for 48"):
+      "task.model.block_seq_length=96"]))
+  with pytest.raises(ValueError, match="block_seq_length=64 but the model's is 96; rebuild"):
     ict.IctTask(params.task).build_inputs(params.task.train_data)
 
   # An index built for another corpus: refused by fingerprint.
@@ -250,12 +250,15 @@ def _scalars(logdir):
 
 
 def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
-  """--mode=train_and_eval writes validation summaries at validation_interval; --mode=eval on
-  the finished model dir prints them; the refresher restores the towers alone."""
+  """--mode=train_and_eval writes validation summaries at validation_interval (with the QA
+  recall of qa_eval_path); --mode=eval on the finished model dir prints them; the refresher
+  restores the towers alone."""
   p, root = prepared, prepared["root"]
   model_dir, index_dir = str(root / "realm_tae"), str(root / "realm_tae_index")
+  qa_dev = str(root / "world" / "qa-dev.jsonl")
   override = overrides(p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
-                             "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6})
+                             "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6,
+                             "task.qa_eval_path": qa_dev})
   refresher = start_refresher(model_dir, index_dir, p["blocks"])
   try:
     params = configs.load_experiment("realm_pretrain_cpu", params_override=override)
@@ -265,10 +268,15 @@ def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
     refresher.kill()
   assert os.path.exists(os.path.join(model_dir, "params.yaml"))
   validation = _scalars(os.path.join(model_dir, "validation"))
-  for tag in ("recall@5", "retrieval_utility", "mlm_accuracy", "validation_loss"):
+  for tag in ("recall@5", "retrieval_utility", "mlm_accuracy", "validation_loss",
+              "qa_recall@5", "qa_questions"):
     assert sorted(validation[tag]) == [3, 6], (tag, validation.get(tag))
   assert 0.0 <= validation["recall@5"][6] <= 1.0
   assert logs["validation/recall@5"] == pytest.approx(validation["recall@5"][6])
+  assert 0.0 <= validation["qa_recall@5"][6] <= 1.0
+  assert logs["validation/qa_recall@5"] == pytest.approx(validation["qa_recall@5"][6])
+  with open(qa_dev, encoding="utf-8") as f:
+    assert validation["qa_questions"][6] == sum(1 for line in f if line.strip()) > 0
   assert sorted(_scalars(os.path.join(model_dir, "train"))["training_loss"]) == [3, 6]
 
   # --mode=eval on the finished model dir, as a user runs it: the same numbers, printed.
@@ -279,6 +287,7 @@ def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
   assert proc.returncode == 0, proc.stderr[-3000:]
   printed = proc.stdout.strip().splitlines()[-1]
   assert printed.startswith("done (eval)") and "'recall@5': " in printed
+  assert "'qa_recall@5': " in printed
   recall = float(printed.split("'recall@5': ")[1].split(",")[0].rstrip("}"))
   assert recall == pytest.approx(validation["recall@5"][6], abs=1e-4)
 

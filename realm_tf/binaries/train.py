@@ -8,6 +8,10 @@ r"""realm-train: ICT, the reader's warm starts, REALM pre-training; Model Garden
 The flags are Model Garden's (``official.common.flags``); ``--mode`` is one of train, eval,
 train_and_eval, continuous_eval. On Cloud TPU: ``--experiment=realm_pretrain_paper
 --tpu=$TPU_NAME`` (see README). REALM pre-training needs ``realm-refresh`` running beside it.
+
+A paper-scale experiment (``*_paper``) starts from trained weights, as the paper does (ICT from
+BERT-base, REALM from ICT and BERT-base, Open-QA from REALM): training one whose init checkpoints
+are unset or still ``REPLACE_ME`` placeholders is refused unless ``--allow_random_init``.
 """
 
 from absl import flags
@@ -20,6 +24,8 @@ from realm_tf.retrieval import errors
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import  (registers the tasks)
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("allow_random_init", False,
+                  "Train a paper-scale experiment without its init checkpoints (random weights).")
 
 
 def main(argv):
@@ -29,6 +35,8 @@ def main(argv):
   if FLAGS.mode not in train_lib.MODES:
     raise configs.ConfigError(f"--mode={FLAGS.mode} is not supported; use one of "
                               f"{', '.join(train_lib.MODES)}")
+  if "train" in FLAGS.mode:
+    configs.check_init_checkpoints(FLAGS.experiment, params, FLAGS.allow_random_init)
   strategy = train_lib.get_strategy(params, tpu=FLAGS.tpu)
   logs = train_lib.run_experiment(params, FLAGS.model_dir, FLAGS.mode, strategy)
   print(f"done ({FLAGS.mode}): {FLAGS.model_dir} "

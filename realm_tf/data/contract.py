@@ -30,10 +30,20 @@ model inputs::
 
 Pre-training examples directory: ``train-*.tfrecord``, ``eval-*.tfrecord``, ``manifest.json``;
 features in :data:`PRETRAIN_FEATURES` (fixed length; :func:`parse_pretrain_example` casts the
-int64s to int32) and host-only strings in :data:`PRETRAIN_HOST_FEATURES`.
+int64s to int32) and host-only strings in :data:`PRETRAIN_HOST_FEATURES`; the other maskings of
+the sentence that training draws from in :data:`PRETRAIN_VARIANT_FEATURES` (optional; see
+:func:`choose_pretrain_variant`).
 
-ICT examples directory: ``train-*.tfrecord``, ``eval-*.tfrecord``, ``manifest.json``; features
-in :data:`ICT_FEATURES`.
+ICT examples directory: ``train-*.tfrecord``, ``eval-*.tfrecord``, ``manifest.json``. One
+record per block with at least two sentences (:data:`ICT_RECORD_FEATURES`, written by
+:func:`serialize_ict_block`): ``block_id``, the title's wordpieces ``title_ids`` and the body's
+sentences as wordpieces, flattened in ``sentence_token_ids`` with ``sentence_lengths``. The
+manifest (:func:`load_ict_manifest`) has ``"sampling": ICT_SAMPLING``, the default
+``remove_prob`` and the ``cls_id``/``sep_id`` of its vocabulary. The pairs are drawn when read,
+as ORQA does: :func:`sample_ict_examples` picks one sentence of each block as the query
+``[CLS] sentence [SEP]`` (cut to ``query_seq_length``) and, with a fresh coin, removes it from
+the block ``[CLS] title [SEP] other sentences [SEP]`` with probability ``remove_prob``; the
+result has :func:`ict_features`.
 
 Sentences directory (intermediate): ``sentences-*.jsonl``, one JSON object per sentence (see
 :data:`SENTENCE_FIELDS`), and ``manifest.json``.
@@ -106,22 +116,61 @@ def pretrain_features(query_seq_length: int = QUERY_SEQ_LENGTH,
 
 PRETRAIN_FEATURES = pretrain_features()
 
+# The fixed features that each variant of a pre-training example repeats, as "variant_<name>".
+PRETRAIN_VARIANT_FIELDS = ("query_ids", "query_mask", "mlm_positions", "mlm_ids", "mlm_weights",
+                           "answer")
+
+
+def pretrain_variant_features(with_host_features: bool = True) -> Dict[str, object]:
+  """Feature spec of the variants of a pre-training example: the sentence's other maskings.
+
+  ``num_variants`` V (0 in examples written without variants) and, flattened one variant after
+  the other, ``variant_query_ids`` and ``variant_query_mask`` [V * query_seq_length],
+  ``variant_mlm_positions``, ``variant_mlm_ids`` and ``variant_mlm_weights`` [V * max_masks] and
+  ``variant_answer`` [V] (a host feature). Variable-length: parsed as ragged lists.
+  """
+  spec = {"num_variants": tf.io.FixedLenFeature([], tf.int64, default_value=0)}
+  for name in PRETRAIN_VARIANT_FIELDS:
+    if name == "answer" and not with_host_features:
+      continue
+    dtype = {"mlm_weights": tf.float32, "answer": tf.string}.get(name, tf.int64)
+    spec["variant_" + name] = tf.io.RaggedFeature(dtype)
+  return spec
+
+
+PRETRAIN_VARIANT_FEATURES = pretrain_variant_features()
+
 
 def ict_features(query_seq_length: int = QUERY_SEQ_LENGTH,
-                 block_seq_length: int = BLOCK_SEQ_LENGTH) -> Dict[str, tf.io.FixedLenFeature]:
-  """Feature spec of an Inverse Cloze Task example."""
+                 block_seq_length: int = BLOCK_SEQ_LENGTH) -> Dict[str, tf.TensorSpec]:
+  """Spec of one sampled Inverse Cloze Task example (:func:`sample_ict_examples` gives
+  batches of these): int32 query and block inputs, the block's id and whether the query
+  sentence was cut out of the block (1) or left in (0)."""
+  q, b = [query_seq_length], [block_seq_length]
   return {
-      "query_ids": tf.io.FixedLenFeature([query_seq_length], tf.int64),
-      "query_mask": tf.io.FixedLenFeature([query_seq_length], tf.int64),
-      "block_ids": tf.io.FixedLenFeature([block_seq_length], tf.int64),
-      "block_mask": tf.io.FixedLenFeature([block_seq_length], tf.int64),
-      "block_type_ids": tf.io.FixedLenFeature([block_seq_length], tf.int64),
-      "block_id": tf.io.FixedLenFeature([], tf.int64),
-      "sentence_removed": tf.io.FixedLenFeature([], tf.int64),
+      "query_ids": tf.TensorSpec(q, tf.int32),
+      "query_mask": tf.TensorSpec(q, tf.int32),
+      "block_ids": tf.TensorSpec(b, tf.int32),
+      "block_mask": tf.TensorSpec(b, tf.int32),
+      "block_type_ids": tf.TensorSpec(b, tf.int32),
+      "block_id": tf.TensorSpec([], tf.int32),
+      "sentence_removed": tf.TensorSpec([], tf.int32),
   }
 
 
 ICT_FEATURES = ict_features()
+
+# One ICT record per block: the sentences' wordpieces are ragged [(sentences), (wordpieces)].
+ICT_RECORD_FEATURES = {
+    "block_id": tf.io.FixedLenFeature([], tf.int64),
+    "title_ids": tf.io.RaggedFeature(tf.int64),
+    "sentences": tf.io.RaggedFeature(
+        tf.int64, value_key="sentence_token_ids",
+        partitions=[tf.io.RaggedFeature.RowLengths("sentence_lengths")]),
+}
+# The manifest's ``sampling`` of an ICT directory in this format (older ones lack the key).
+ICT_SAMPLING = "one random sentence per block per read, fresh removal coin"
+ICT_MANIFEST_KEYS = ("sampling", "remove_prob", "cls_id", "sep_id")
 
 # Fields of one line of sentences-*.jsonl (byte offsets are into UTF-8 encodings).
 SENTENCE_FIELDS = {
@@ -459,15 +508,162 @@ def _parse(serialized, spec):
 
 
 def parse_pretrain_example(serialized, query_seq_length: int = QUERY_SEQ_LENGTH,
-                           max_masks: int = MAX_MASKS, with_host_features: bool = True):
-  """Serialized pre-training tf.Example(s) -> dict of tensors; int64 features become int32."""
-  return _parse(serialized, pretrain_features(query_seq_length, max_masks, with_host_features))
+                           max_masks: int = MAX_MASKS, with_host_features: bool = True,
+                           with_variants: bool = False):
+  """Serialized pre-training tf.Example(s) -> dict of tensors; int64 features become int32.
+
+  With ``with_variants``, also :func:`pretrain_variant_features` (ragged ``[batch, (n)]`` for a
+  batch), for :func:`choose_pretrain_variant`.
+  """
+  spec = pretrain_features(query_seq_length, max_masks, with_host_features)
+  if with_variants:
+    spec.update(pretrain_variant_features(with_host_features))
+  return _parse(serialized, spec)
 
 
-def parse_ict_example(serialized, query_seq_length: int = QUERY_SEQ_LENGTH,
-                      block_seq_length: int = BLOCK_SEQ_LENGTH):
-  """Serialized ICT tf.Example(s) -> dict of int32 tensors."""
-  return _parse(serialized, ict_features(query_seq_length, block_seq_length))
+def choose_pretrain_variant(parsed: Dict[str, tf.Tensor], seed) -> Dict[str, tf.Tensor]:
+  """A batch parsed ``with_variants`` -> the same batch with each row's masking drawn afresh.
+
+  Row ``r`` with ``V_r > 0`` variants takes its variant ``floor(u_r * V_r)``, ``u`` =
+  ``tf.random.stateless_uniform([batch], seed)``: one seed gives the same choices, so a seed
+  that differs for every batch read (e.g. ``(seed, batch index)``) draws afresh at every read,
+  reproducibly. Rows without variants (examples written before variants) keep their fixed
+  features. Returns the keys, shapes and dtypes of :func:`parse_pretrain_example` without
+  ``with_variants``.
+
+  Args:
+    parsed: :func:`parse_pretrain_example` of a batch (rank-1 ``serialized``),
+      ``with_variants=True``.
+    seed: a shape ``[2]`` integer tensor (the stateless random ops' seed).
+  """
+  out = {k: v for k, v in parsed.items()
+         if k != "num_variants" and not k.startswith("variant_")}
+  num = tf.cast(parsed["num_variants"], tf.int32)
+  has = num > 0
+  u = tf.random.stateless_uniform(tf.shape(num), seed)
+  pick = tf.minimum(tf.cast(u * tf.cast(num, tf.float32), tf.int32), tf.maximum(num - 1, 0))
+  for name in PRETRAIN_VARIANT_FIELDS:
+    if "variant_" + name not in parsed or name not in out:
+      continue
+    flat = parsed["variant_" + name]  # Ragged [batch, (V_r * width)].
+    fixed = out[name] if out[name].shape.rank == 2 else out[name][:, tf.newaxis]
+    width = fixed.shape[-1]
+    variants = tf.reshape(flat.values, [-1, width])  # Every variant of the batch, row by row.
+    # A row without variants points at one appended padding row, then keeps its fixed value.
+    padded = tf.concat([variants, tf.zeros_like(fixed[:1])], axis=0)
+    first = tf.cast(flat.row_starts(), tf.int32) // width
+    index = tf.where(has, first + pick, tf.shape(variants)[0])
+    chosen = tf.where(has[:, tf.newaxis], tf.gather(padded, index), fixed)
+    out[name] = chosen if out[name].shape.rank == 2 else chosen[:, 0]
+  return out
+
+
+def serialize_ict_block(block_id: int, title_ids: Sequence[int],
+                        sentences: Sequence[Sequence[int]]) -> bytes:
+  """One block's ICT record (:data:`ICT_RECORD_FEATURES`): its id, its title's wordpieces and
+  its body's sentences, each a list of wordpieces (at least two, none empty)."""
+  if len(sentences) < 2 or not all(len(s) for s in sentences):
+    raise ValueError(f"block {block_id}: an ICT record needs two or more non-empty sentences, "
+                     f"got lengths {[len(s) for s in sentences]}")
+
+  def ints(values):
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(v) for v in values]))
+
+  return tf.train.Example(features=tf.train.Features(feature={
+      "block_id": ints([block_id]),
+      "title_ids": ints(title_ids),
+      "sentence_token_ids": ints([i for s in sentences for i in s]),
+      "sentence_lengths": ints([len(s) for s in sentences]),
+  })).SerializeToString()
+
+
+def parse_ict_example(serialized) -> Dict[str, tf.Tensor]:
+  """Serialized ICT records ``[b]`` -> ``block_id`` int32 ``[b]``, ``title_ids`` int32 ragged
+  ``[b, (t)]`` and ``sentences`` int32 ragged ``[b, (sentences), (wordpieces)]``."""
+  if serialized.shape.rank != 1:
+    raise ValueError(f"parse_ict_example takes a batch of records (rank 1), got shape "
+                     f"{serialized.shape}")
+  return _cast_ints(tf.io.parse_example(serialized, ICT_RECORD_FEATURES))
+
+
+def load_ict_manifest(examples_dir: str) -> Dict:
+  """The manifest of an ICT examples directory in the sampled format (:data:`ICT_SAMPLING`).
+
+  Raises MissingDataError (no directory or manifest) or DataError for a directory of another
+  format, e.g. the fixed (sentence, block) pairs of older versions.
+  """
+  manifest = load_manifest(examples_dir)
+  missing = [k for k in ICT_MANIFEST_KEYS if k not in manifest]
+  if missing or manifest["sampling"] != ICT_SAMPLING:
+    raise DataError(f"{examples_dir} holds ICT examples in an older format (fixed pairs; its "
+                    f"manifest lacks {missing or ['sampling = ' + repr(ICT_SAMPLING)]}): "
+                    "rebuild it with python -m data_prep.ict_examples")
+  return manifest
+
+
+def ict_draws(num_sentences: tf.Tensor, seed, remove_prob: float):
+  """The random choices of :func:`sample_ict_examples`, from ``stateless_uniform([b, 2], seed)``.
+
+  Returns ``(index, removed)``: sentence ``floor(u[:, 0] * num_sentences)`` of each row, int32
+  ``[b]``, and ``u[:, 1] < remove_prob``, bool ``[b]``.
+  """
+  n = tf.cast(num_sentences, tf.int32)
+  u = tf.random.stateless_uniform(tf.stack([tf.size(n), 2]), seed=seed)
+  index = tf.minimum(tf.cast(u[:, 0] * tf.cast(n, tf.float32), tf.int32), n - 1)
+  return index, u[:, 1] < remove_prob
+
+
+def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: int,
+                        block_seq_length: int, remove_prob: float, cls_id: int,
+                        sep_id: int) -> Dict[str, tf.Tensor]:
+  """ORQA's Inverse Cloze Task: one fresh (query, block) pair per parsed ICT record.
+
+  In each row, sentence ``i`` (uniform over the block's sentences, :func:`ict_draws`) is the
+  query ``[CLS] sentence_i[:query_seq_length - 2] [SEP]``; the block is ``[CLS] title [SEP]
+  context [SEP]``, the context being the block's sentences in order without sentence ``i``
+  with probability ``remove_prob`` (with it otherwise). The title keeps at most
+  ``block_seq_length - 3`` wordpieces, then the context is cut to fit and the final ``[SEP]``
+  kept: the layout and type ids of the tokenizer's ``block_inputs`` (:func:`pack_block_ids`).
+
+  Args:
+    parsed: a batch of records, as :func:`parse_ict_example` gives.
+    seed: the stateless seed of this batch, int ``[2]``; one seed, one set of pairs.
+    query_seq_length: query length.
+    block_seq_length: block length.
+    remove_prob: probability that the query sentence is cut out of its block.
+    cls_id: the ``[CLS]`` id.
+    sep_id: the ``[SEP]`` id.
+
+  Returns:
+    A batch of examples with :func:`ict_features` (int32).
+  """
+  sentences = parsed["sentences"]
+  index, removed = ict_draws(sentences.row_lengths(), seed, remove_prob)
+  batch = tf.shape(index)[0]
+  splits = sentences.row_splits.dtype
+  cls = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], cls_id), row_splits_dtype=splits)
+  sep = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], sep_id), row_splits_dtype=splits)
+  query = tf.gather(sentences, index, batch_dims=1)
+  query = pack_block_ids(tf.concat([cls, query, sep], axis=1), query_seq_length, sep_id,
+                         segment_ids=False)
+  position = tf.ragged.range(tf.cast(sentences.row_lengths(), tf.int32),
+                             row_splits_dtype=splits)
+  keep = tf.logical_or(tf.not_equal(position, index[:, tf.newaxis]),
+                       tf.logical_not(removed)[:, tf.newaxis])
+  context = tf.ragged.boolean_mask(sentences, keep).merge_dims(1, 2)
+  title = parsed["title_ids"][:, :max(block_seq_length - 3, 0)]
+  block = pack_block_ids(tf.concat([cls, title, sep, context, sep], axis=1), block_seq_length,
+                         sep_id)
+  out = {
+      "query_ids": query["input_word_ids"], "query_mask": query["input_mask"],
+      "block_ids": block["input_word_ids"], "block_mask": block["input_mask"],
+      "block_type_ids": block["input_type_ids"],
+      "block_id": tf.cast(parsed["block_id"], tf.int32),
+      "sentence_removed": tf.cast(removed, tf.int32),
+  }
+  rows = parsed["block_id"].shape[:1]  # Static when the batch size is.
+  spec = ict_features(query_seq_length, block_seq_length)
+  return {k: tf.ensure_shape(v, rows.concatenate(spec[k].shape)) for k, v in out.items()}
 
 
 def example_files(examples_dir: str, split: str = TRAIN_SPLIT) -> List[str]:

@@ -83,19 +83,6 @@ def record_files(pattern) -> list:
   return files
 
 
-def check_lengths(files, **wanted) -> None:
-  """Refuses examples whose ``manifest.json`` records other sequence lengths than ``wanted``."""
-  directory = os.path.dirname(files[0])
-  if not tf.io.gfile.exists(os.path.join(directory, contract.MANIFEST)):
-    return
-  written = contract.load_manifest(directory)
-  for key, value in wanted.items():
-    if value and key in written and written[key] != value:
-      raise InputError(f"the examples in {directory} have {key}={written[key]} but the config "
-                       f"asks for {value}; rebuild them or set the config's "
-                       f"{key} to {written[key]}")
-
-
 def check_query_length(files, query_seq_length: int) -> None:
   """Refuses masked examples of another query length (read off the first record)."""
   for record in tf.data.TFRecordDataset(files[:1]).take(1):
@@ -108,29 +95,85 @@ def check_query_length(files, query_seq_length: int) -> None:
 
 @register_loader(configs.IctDataConfig)
 class IctLoader:
-  """Batches of parsed ICT examples (the ICT examples pipeline)."""
+  """Batches of ICT examples, drawn afresh at each read of a block as ORQA does.
+
+  The files hold one record per block (the ICT examples pipeline); every batch read draws,
+  for each of its blocks, one sentence as the query and a fresh removal coin
+  (``contract.sample_ict_examples``). The draws are stateless, seeded by ``(params.seed or 0,
+  batch number)`` (the batch number counts the batches this input pipeline has read, after
+  shuffling and repeating), so a run is reproducible for a fixed seed and validation, read in
+  order, draws the same pairs at every pass. ``remove_prob`` defaults to the manifest's (the
+  pipeline's ``--remove_prob``), and the ``[CLS]``/``[SEP]`` ids are the manifest's too.
+
+  Args:
+    params: the data config.
+    query_seq_length: query length (the model's).
+    block_seq_length: block length (the model's).
+    remove_prob: overrides the manifest's ``remove_prob``.
+
+  Raises:
+    InputError: no files, directories of another ICT format (e.g. the older fixed pairs; the
+      message says to rebuild them), blocks written shorter than ``block_seq_length``, or
+      directories that disagree on the special ids or on
+      ``remove_prob`` (unless given).
+  """
 
   def __init__(self, params: configs.IctDataConfig, query_seq_length: int,
-               block_seq_length: int):
+               block_seq_length: int, remove_prob: Optional[float] = None):
     self.params = params
     self.lengths = dict(query_seq_length=query_seq_length, block_seq_length=block_seq_length)
     self.files = record_files(params.input_path)
-    check_lengths(self.files, **self.lengths)
+    manifests = []
+    for directory in sorted({os.path.dirname(f) for f in self.files}):
+      try:
+        manifests.append(contract.load_ict_manifest(directory))
+      except contract.DataError as e:
+        raise InputError(str(e)) from None
+      written = manifests[-1].get("block_seq_length", block_seq_length)
+      if block_seq_length > written:
+        # Sentences past the written length were dropped: a longer block would not be whole.
+        raise InputError(f"the ICT blocks in {directory} were written for block_seq_length="
+                         f"{written} but the model's is {block_seq_length}; rebuild them with "
+                         f"python -m data_prep.ict_examples --block_seq_length={block_seq_length}")
+    special_ids = {(m["cls_id"], m["sep_id"]) for m in manifests}
+    probs = {m["remove_prob"] for m in manifests}
+    if len(special_ids) > 1 or (remove_prob is None and len(probs) > 1):
+      raise InputError(f"the ICT directories of {params.input_path} differ in (cls_id, sep_id) "
+                       f"{sorted(special_ids)} or remove_prob {sorted(probs)}")
+    (self.cls_id, self.sep_id), = special_ids
+    self.remove_prob = float(probs.pop() if remove_prob is None else remove_prob)
 
   def serialized(self, input_context=None) -> tf.data.Dataset:
-    """Batches of serialized examples (sharded, shuffled and repeated when training)."""
+    """Batches of serialized block records (sharded, shuffled and repeated when training)."""
     return distribute(tf.data.TFRecordDataset(self.files), self.params, input_context)
 
   def load(self, input_context=None) -> tf.data.Dataset:
-    return self.serialized(input_context).map(
-        lambda r: contract.parse_ict_example(r, **self.lengths),
-        num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
+    """Batches of sampled examples (``contract.ict_features``, int32)."""
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    base_seed = tf.constant(self.params.seed or 0, tf.int64)
+
+    def sample(batch_number, serialized):
+      # Input pipelines read different blocks; their seeds differ too.
+      seed = tf.stack([base_seed, batch_number * pipelines + pipeline_id])
+      return contract.sample_ict_examples(
+          contract.parse_ict_example(serialized), seed, remove_prob=self.remove_prob,
+          cls_id=self.cls_id, sep_id=self.sep_id, **self.lengths)
+
+    return self.serialized(input_context).enumerate().map(
+        sample, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
 
 
 @register_loader(configs.MaskedLmDataConfig)
 class MaskedExamplesLoader:
   """Batches of parsed masked-sentence examples (the pre-training examples pipeline), host
-  features (``source_uid``, ``answer``, ``sentence``) included."""
+  features (``source_uid``, ``answer``, ``sentence``) included.
+
+  When training with ``params.resample_masks``, every read of a sentence draws one of its
+  masking variants (``contract.choose_pretrain_variant``, seeded by ``params.seed`` and the
+  batch's position in the stream); otherwise, and in :meth:`read_all`, the fixed masking.
+  Either way the batches have the keys, shapes and dtypes of ``contract.parse_pretrain_example``.
+  """
 
   def __init__(self, params, query_seq_length: int, max_masks: int, input_path=None):
     self.params = params
@@ -141,8 +184,21 @@ class MaskedExamplesLoader:
     logging.info("reading %d example files from %s", len(self.files), input_path)
 
   def load(self, input_context=None) -> tf.data.Dataset:
-    return distribute(tf.data.TFRecordDataset(self.files), self.params, input_context).map(
-        lambda r: contract.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
+    records = distribute(tf.data.TFRecordDataset(self.files), self.params, input_context)
+    if not (self.params.is_training and getattr(self.params, "resample_masks", False)):
+      return records.map(
+          lambda r: contract.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
+    seed = tf.constant(self.params.seed or 0, tf.int64)
+    pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline = input_context.input_pipeline_id if input_context else 0
+
+    def choose(step, serialized):
+      parsed = contract.parse_pretrain_example(serialized, self.query_seq_length, self.max_masks,
+                                               with_variants=True)
+      # A seed per batch of the (repeated) stream: each read of a sentence draws afresh.
+      return contract.choose_pretrain_variant(parsed, tf.stack([seed, step * pipelines + pipeline]))
+
+    return records.enumerate().map(choose)
 
   def read_all(self) -> Dict:
     """Every example of the files as NumPy arrays (for host-side preprocessing)."""

@@ -37,11 +37,17 @@ def marginal_log_likelihood(retrieval_logits, mlm_logits, mlm_ids) -> Dict[str, 
 def realm_metrics(retrieval_logits, mlm_logits, mlm_ids, mlm_weights) -> Dict[str, tf.Tensor]:
   """Per-example quantities for the loss and the summaries (candidate 0 is the null block).
 
+  The retrieval utility is the paper's (and the original code's) per masked token:
+  ``log p(y_j|x) - log p(y_j|null,x)``. A pass-level value is the mean over all real mask
+  tokens: the mean of the per-example ``retrieval_utility`` weighted by ``num_tokens`` (an
+  example without a real mask token weighs nothing).
+
   Returns per-example ``[batch]`` tensors: ``nll_sum`` (sum over real mask tokens of
-  ``-log p(y_j|x)``), ``num_tokens``, ``retrieval_utility`` (``log p(y|x) - log p(y|null,x)``
-  summed over the tokens of the span), ``entropy`` of ``p(z|x)``, ``correct`` (tokens whose
-  marginal argmax is right), ``token_log_p`` ``[batch, num_masks]`` and
-  ``token_log_p_given_z`` ``[batch, k, num_masks]``.
+  ``-log p(y_j|x)``), ``num_tokens``, ``retrieval_utility_sum`` (``log p(y_j|x) -
+  log p(y_j|null,x)`` summed over the real mask tokens), ``retrieval_utility`` (that sum
+  divided by ``max(num_tokens, 1)``: the example's mean per masked token), ``entropy`` of
+  ``p(z|x)``, ``correct`` (tokens whose marginal argmax is right), and ``token_log_p``
+  ``[batch, num_masks]`` and ``token_log_p_given_z`` ``[batch, k, num_masks]``.
   """
   weights = tf.cast(mlm_weights, tf.float32)
   out = marginal_log_likelihood(retrieval_logits, mlm_logits, mlm_ids)
@@ -54,10 +60,13 @@ def realm_metrics(retrieval_logits, mlm_logits, mlm_ids, mlm_weights) -> Dict[st
       axis=1)
   correct = tf.cast(tf.equal(tf.argmax(marginal, -1, output_type=tf.int32),
                              tf.cast(mlm_ids, tf.int32)), tf.float32)
+  num_tokens = tf.reduce_sum(weights, axis=1)
+  utility_sum = log_p_y - log_p_y_null
   return dict(
       nll_sum=-log_p_y,
-      num_tokens=tf.reduce_sum(weights, axis=1),
-      retrieval_utility=log_p_y - log_p_y_null,
+      num_tokens=num_tokens,
+      retrieval_utility_sum=utility_sum,
+      retrieval_utility=utility_sum / tf.maximum(num_tokens, 1.0),
       entropy=-tf.reduce_sum(p_z * out["log_p_z"], axis=1),
       correct=tf.reduce_sum(correct * weights, axis=1),
       token_log_p=out["token_log_p"],

@@ -1,7 +1,8 @@
 """ORQA's Inverse Cloze Task: warm-starts REALM's retriever.
 
-A sentence is the pseudo-query and its block (with the sentence removed 90% of the time, done by
-the ICT examples pipeline) the positive; the other blocks of the batch are the negatives:
+A sentence is the pseudo-query and its block (with the sentence removed 90% of the time) the
+positive; the ICT loader draws both afresh each time it reads a block (one random sentence, a
+fresh removal coin), as ORQA does. The other blocks of the batch are the negatives:
 ``loss = -log softmax_j(q_i . b_j)[i]``. Under several replicas each replica scores against
 the blocks of the whole global batch (gathered across replicas), as ORQA's TPU code did.
 """

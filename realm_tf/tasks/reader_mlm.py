@@ -1,12 +1,12 @@
 """Masked-LM warm start of the reader: the toy-scale stand-in for its BERT initialization.
 
-Input: the ICT examples (a sentence, and its block with the sentence cut out
-90% of the time). Each pair becomes a reader input in REALM's layout,
-``[CLS] sentence [SEP] block body [SEP]`` (no title, as the reader sees blocks), and
-``mask_rate`` of the sentence's wordpieces are replaced by ``[MASK]`` (at least one, at most
-``max_masks``), fresh at every step. The loss is the mean cross-entropy of the masked tokens;
-names repeat across an article's sentences, so the reader learns to fill a mask from the
-second segment, the skill REALM pre-training relies on.
+Input: the ICT examples as the ICT loader samples them (a random sentence of a block, and the
+block with the sentence cut out 90% of the time, drawn afresh at each read). Each pair becomes a
+reader input in REALM's layout, ``[CLS] sentence [SEP] block body [SEP]`` (no title, as the
+reader sees blocks), and ``mask_rate`` of the sentence's wordpieces are replaced by ``[MASK]``
+(at least one, at most ``max_masks``), fresh at every step. The loss is the mean cross-entropy
+of the masked tokens; names repeat across an article's sentences, so the reader learns to fill
+a mask from the second segment, the skill REALM pre-training relies on.
 """
 
 import tensorflow as tf
@@ -90,8 +90,7 @@ class ReaderMlmTask(base.RealmBaseTask):
     lengths = dict(query_seq_length=cfg.query_seq_length, block_seq_length=cfg.block_seq_length)
     loader = loaders.get_loader(params, **lengths)
 
-    def to_reader(serialized):
-      ex = contract.parse_ict_example(serialized, **lengths)
+    def to_reader(ex):
       query = tf.ragged.boolean_mask(ex["query_ids"], ex["query_mask"] > 0)
       body = tf.ragged.boolean_mask(ex["block_ids"],
                                     (ex["block_type_ids"] > 0) & (ex["block_mask"] > 0))
@@ -104,7 +103,7 @@ class ReaderMlmTask(base.RealmBaseTask):
       return dict(inputs, input_word_ids=masked, masked_lm_positions=positions,
                   masked_lm_ids=labels, masked_lm_weights=weights)
 
-    return loader.serialized(input_context).map(
+    return loader.load(input_context).map(
         to_reader, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
 
   def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:

@@ -5,10 +5,18 @@ Training inputs retrieve through the index that ``realm-refresh`` publishes in `
 stale-index ablation). Validation measures the model on held-out masked sentences, retrieving
 exactly over the corpus embedded with the current block tower at the start of each pass:
 
-* ``recall@k``: zero-shot retrieval recall (Table 2 of the paper): does one of the top-k
+* ``recall@k``: zero-shot retrieval recall on the masked sentences: does one of the top-k
   blocks (the sentence's own block excluded) hold the masked answer (``answers.holds_answer``)?
-* ``retrieval_utility``: ``log p(y|x) - log p(y|null,x)`` per example, reading the null block
+* ``retrieval_utility``: ``log p(y_j|x) - log p(y_j|null,x)`` per masked token, averaged over
+  every real mask token of the pass (as the original code reports it), reading the null block
   and the top ``num_candidates - 1`` blocks; ``mlm_accuracy`` of the marginal prediction.
+* with ``qa_eval_path``, ``qa_recall@k``: zero-shot recall on Open-QA questions (Table 2 of the
+  paper): does one of the top-k blocks retrieved for the question (embedded with the current
+  query tower, no block excluded) hold an answer? A hit is ORQA's ``HasAnswer``
+  (``openqa.inputs.has_answer``) on the block body, the text the Open-QA task tests; and
+  ``qa_questions``, how many questions were asked. These two are computed on the host in
+  ``validation_begin`` and reach the validation logs and summaries through
+  ``reduce_aggregated_logs``.
 """
 
 import logging
@@ -23,8 +31,10 @@ from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import qa as qa_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
+from realm_tf.openqa import inputs as openqa_inputs
 from realm_tf.retrieval import candidates as candidates_lib
 from realm_tf.tasks import base
 from realm_tf.tokenization import RealmTokenizer
@@ -33,6 +43,7 @@ DEVICE_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "candidate_
                    "candidate_mask", "candidate_type_ids", "reader_word_ids", "reader_mask",
                    "reader_type_ids", "mlm_positions", "mlm_ids", "mlm_weights", "index_step")
 VALIDATION_FEATURES = DEVICE_FEATURES + ("recall_hit",)
+EMBED_BATCH = 256   # queries per call of the query tower in validation_begin
 
 
 def replica_loss(model, features, training: bool):
@@ -60,6 +71,8 @@ class RealmPretrainTask(base.RealmBaseTask):
     self._eval_loader = None
     self._eval_features = None
     self._embed_query = None
+    self._qa = None                # (questions, their query inputs), read once
+    self._qa_logs = {}             # this validation pass's host-side numbers
 
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
@@ -151,7 +164,8 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   def validation_begin(self, model: RealmPretrainer):
     """Embeds the corpus with the current block tower and retrieves for the held-out
-    sentences exactly (called by the trainer at the start of each validation pass)."""
+    sentences exactly (called by the trainer at the start of each validation pass); with
+    ``qa_eval_path``, also for the QA questions, giving this pass's ``qa_recall@k``."""
     from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
     from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
@@ -166,15 +180,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     index = mips_index.BruteForceIndex(
         corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
     examples = self._eval_loader.read_all()
-    if self._embed_query is None:
-      self._embed_query = tf.function(
-          lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
-    embed = self._embed_query
-    queries = np.concatenate([
-        embed(dict(input_word_ids=examples["query_ids"][i:i + 256],
-                   input_mask=examples["query_mask"][i:i + 256],
-                   input_type_ids=np.zeros_like(examples["query_ids"][i:i + 256]))).numpy()
-        for i in range(0, len(examples["query_ids"]), 256)])
+    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
     depth = min(max(cfg.recall_at, builder.k - 1) + builder.search_slack, builder.null_row)
     ranked, _ = index.search(queries, depth)
     hits = [any(answers.holds_answer(builder.bodies_text[b], answer)
@@ -184,6 +190,48 @@ class RealmPretrainTask(base.RealmBaseTask):
     features = builder.features(examples, candidates=candidates)
     self._eval_features = dict({k: features[k] for k in DEVICE_FEATURES},
                                recall_hit=np.asarray(hits, np.float32))
+    self._qa_logs = self._qa_recall(model, index, builder) if cfg.qa_eval_path else {}
+
+  def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:
+    """Query-tower embeddings (float32 ``[n, dim]``) of ``[CLS] ... [SEP]`` inputs."""
+    if self._embed_query is None:
+      self._embed_query = tf.function(
+          lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
+    embed = self._embed_query
+    return np.concatenate([
+        embed(dict(input_word_ids=word_ids[i:i + EMBED_BATCH],
+                   input_mask=mask[i:i + EMBED_BATCH],
+                   input_type_ids=np.zeros_like(word_ids[i:i + EMBED_BATCH]))).numpy()
+        for i in range(0, len(word_ids), EMBED_BATCH)])
+
+  def qa_questions(self):
+    """The questions of ``qa_eval_path`` and their query inputs ``[CLS] question [SEP]`` at
+    ``query_seq_length`` (as the Open-QA task feeds its query tower); read once."""
+    if self._qa is None:
+      cfg = self.task_config
+      records, skipped = qa_lib.read_qa(cfg.qa_eval_path,
+                                        answer_type=cfg.qa_answer_type or None)
+      if skipped:
+        logging.warning("%s: skipped %d malformed lines (first: %s)", cfg.qa_eval_path,
+                        len(skipped), skipped[0])
+      questions = [openqa_inputs.Question(r.question, list(r.answers),
+                                          r.answer_type == qa_lib.REGEX) for r in records]
+      tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+      inputs = tokenizer.query_inputs([q.question for q in questions],
+                                      seq_length=cfg.model.retriever.query_seq_length)
+      self._qa = questions, {k: v.numpy() for k, v in inputs.items()}
+    return self._qa
+
+  def _qa_recall(self, model, index, builder) -> dict:
+    """Zero-shot ``qa_recall@k`` over ``qa_eval_path``'s questions (see the module doc)."""
+    k = self.task_config.recall_at
+    questions, inputs = self.qa_questions()
+    embeddings = self._embed_queries(model, inputs["input_word_ids"], inputs["input_mask"])
+    ranked, _ = index.search(embeddings, min(k, builder.null_row))
+    hits = [any(openqa_inputs.has_answer(builder.bodies_text[b], q.answers, q.is_regex)
+                for b in row[:k] if 0 <= b < builder.null_row)   # never the null row
+            for q, row in zip(questions, ranked)]
+    return {f"qa_recall@{k}": float(np.mean(hits)), "qa_questions": float(len(hits))}
 
   # ---- losses, metrics, steps ----
   def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:
@@ -204,12 +252,25 @@ class RealmPretrainTask(base.RealmBaseTask):
     if by_name:
       by_name["mlm_accuracy"].update_state(m["correct"] / tf.maximum(m["num_tokens"], 1.0),
                                            sample_weight=m["num_tokens"])
-      by_name["retrieval_utility"].update_state(m["retrieval_utility"])
+      # The mean over the pass's real mask tokens (an example weighs its token count).
+      by_name["retrieval_utility"].update_state(m["retrieval_utility"],
+                                                sample_weight=m["num_tokens"])
       by_name["retrieval_entropy"].update_state(m["entropy"])
       if "recall_hit" in inputs:
         by_name[f"recall@{self.task_config.recall_at}"].update_state(inputs["recall_hit"])
         by_name["examples"].update_state(tf.cast(tf.size(inputs["recall_hit"]), tf.float32))
     return loss
+
+  def aggregate_logs(self, state=None, step_outputs=None):
+    """Counts the pass's validation steps. A state makes Model Garden's trainer call
+    ``reduce_aggregated_logs`` at the end of the pass (the step outputs are not needed)."""
+    del step_outputs
+    return {"validation_steps": (state or {}).get("validation_steps", 0) + 1}
+
+  def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    """The host-side numbers of this pass (``qa_recall@k``, ``qa_questions``), which Model
+    Garden adds to the validation logs and summaries."""
+    return dict(self._qa_logs)
 
   def train_step(self, inputs, model, optimizer, metrics=None):
     logs = super().train_step(inputs, model, optimizer, metrics)

@@ -1,0 +1,176 @@
+"""The paper-scale recipe: YAMLs that name their init checkpoints, the random-init refusal, and a
+BERT-base-shaped TF1 checkpoint in Google's names initializing ICT's towers and REALM's reader."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import test_checkpoint_convert as tf1_helpers  # The TF1 checkpoint writer.
+
+from realm_tf import checkpoint_convert
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import tasks  # noqa: F401  (registers the tasks)
+from official.core import task_factory
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "experiments", "configs")
+PAPER = {
+    "ict_paper": ["task.init_checkpoint"],
+    "realm_pretrain_paper": ["task.retriever_init_checkpoint", "task.reader_init_checkpoint"],
+    "openqa_nq_paper": ["task.init_checkpoint"],
+    "openqa_wq_paper": ["task.init_checkpoint"],
+    "openqa_ct_paper": ["task.init_checkpoint"],
+}
+# BERT-base's layer shapes; 2 of its 12 layers and a small vocabulary keep the test quick.
+HIDDEN, INTER, HEADS, LAYERS = 768, 3072, 12, 2
+WORDS = ["the", "city", "river", "born", "in", "was", "paris", "france", ".", "1843"]
+
+
+def _value(params, key):
+  obj = params
+  for part in key.split(".")[:-1]:
+    obj = getattr(obj, part)
+  return getattr(obj, key.split(".")[-1])
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_yaml_names_its_init_checkpoints_and_is_refused_until_filled(name):
+  yaml = os.path.join(CONFIG_DIR, f"{name}__tpu.yaml")
+  params = configs.load_experiment(name, [yaml])
+  first = PAPER[name][0]
+  for key in PAPER[name]:
+    assert _value(params, key).startswith(configs.PLACEHOLDER), key
+  with pytest.raises(configs.ConfigError, match=rf"{first}.*placeholder.*--allow_random_init"):
+    configs.check_init_checkpoints(name, params)
+  configs.check_init_checkpoints(name, params, allow_random_init=True)
+  # The registered experiment alone: unset.
+  with pytest.raises(configs.ConfigError, match=rf"{first}.* is not set"):
+    configs.check_init_checkpoints(name, configs.load_experiment(name))
+  # Filled in: accepted.
+  filled = ",".join(f"{k}=/ckpt/{i}" for i, k in enumerate(PAPER[name]))
+  configs.check_init_checkpoints(name, configs.load_experiment(name, [yaml], filled))
+
+
+def test_realm_needs_both_towers_and_openqa_accepts_a_tower_pair():
+  params = configs.load_experiment("realm_pretrain_paper", [],
+                                   "task.retriever_init_checkpoint=/ict")
+  with pytest.raises(configs.ConfigError, match="task.reader_init_checkpoint is not set"):
+    configs.check_init_checkpoints("realm_pretrain_paper", params)
+  pair = "task.retriever_init_checkpoint=/ict,task.reader_init_checkpoint=/bert"
+  configs.check_init_checkpoints("openqa_nq_paper",
+                                 configs.load_experiment("openqa_nq_paper", [], pair))
+  half = configs.load_experiment("openqa_nq_paper", [], "task.retriever_init_checkpoint=/ict")
+  with pytest.raises(configs.ConfigError, match=r"task.init_checkpoint \(or "
+                     r"task.retriever_init_checkpoint and task.reader_init_checkpoint\)"):
+    configs.check_init_checkpoints("openqa_nq_paper", half)
+  # CPU scale is never checked.
+  configs.check_init_checkpoints("ict_cpu", configs.load_experiment("ict_cpu"))
+
+
+def test_realm_train_refuses_random_init_on_one_line(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "realm_tf.binaries.train", "--experiment=ict_paper", "--mode=train",
+       f"--model_dir={tmp_path / 'ict'}"],
+      capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "task.init_checkpoint is not set" in errors[0], proc.stderr[-2000:]
+  assert not (tmp_path / "ict").exists()
+
+
+def _random_google_bert(rng, vocab_size):
+  """A random BERT in google-research's TF1 names (``bert/...``, ``cls/predictions/...``)."""
+  w = {}
+
+  def put(name, *shape):
+    w[name] = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+  put("bert/embeddings/word_embeddings", vocab_size, HIDDEN)
+  put("bert/embeddings/token_type_embeddings", 2, HIDDEN)
+  put("bert/embeddings/position_embeddings", 512, HIDDEN)
+  for n in ("bert/embeddings/LayerNorm",):
+    put(f"{n}/gamma", HIDDEN)
+    put(f"{n}/beta", HIDDEN)
+  for i in range(LAYERS):
+    p = f"bert/encoder/layer_{i}/"
+    for m in ("query", "key", "value"):
+      put(p + f"attention/self/{m}/kernel", HIDDEN, HIDDEN)
+      put(p + f"attention/self/{m}/bias", HIDDEN)
+    put(p + "attention/output/dense/kernel", HIDDEN, HIDDEN)
+    put(p + "attention/output/dense/bias", HIDDEN)
+    for n in ("attention/output/LayerNorm", "output/LayerNorm"):
+      put(p + f"{n}/gamma", HIDDEN)
+      put(p + f"{n}/beta", HIDDEN)
+    put(p + "intermediate/dense/kernel", HIDDEN, INTER)
+    put(p + "intermediate/dense/bias", INTER)
+    put(p + "output/dense/kernel", INTER, HIDDEN)
+    put(p + "output/dense/bias", HIDDEN)
+  put("bert/pooler/dense/kernel", HIDDEN, HIDDEN)
+  put("bert/pooler/dense/bias", HIDDEN)
+  put("cls/predictions/transform/dense/kernel", HIDDEN, HIDDEN)
+  put("cls/predictions/transform/dense/bias", HIDDEN)
+  put("cls/predictions/transform/LayerNorm/gamma", HIDDEN)
+  put("cls/predictions/transform/LayerNorm/beta", HIDDEN)
+  put("cls/predictions/output_bias", vocab_size)
+  return w
+
+
+def _by_suffix(model, suffix):
+  found = [v for v in model.variables if v.name.endswith(suffix)]
+  assert len(found) == 1, (suffix, [v.name for v in found])
+  return found[0].numpy()
+
+
+def test_converted_bert_base_initializes_ict_towers_and_realm_reader(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  vocab_file = tmp_path / "vocab.txt"
+  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+  vocab_file.write_text("\n".join(vocab) + "\n")
+  bert_config = tmp_path / "bert_config.json"
+  bert_config.write_text(json.dumps(dict(
+      vocab_size=len(vocab), hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+      num_attention_heads=HEADS, intermediate_size=INTER, hidden_act="gelu",
+      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
+      type_vocab_size=2, initializer_range=0.02)))
+  w = _random_google_bert(np.random.default_rng(0), len(vocab))
+  ckpt = tf1_helpers.write_tf1_checkpoint(w, str(tmp_path / "tf1" / "bert_model.ckpt"))
+  converted = str(tmp_path / "converted")
+  checkpoint_convert.convert([ckpt], str(bert_config), str(vocab_file), converted)
+
+  shape = (f"encoder.vocab_size={len(vocab)},encoder.num_layers={LAYERS}")
+  ict = configs.load_experiment("ict_paper", [os.path.join(CONFIG_DIR, "ict_paper__tpu.yaml")],
+                                ",".join([f"task.init_checkpoint={converted}",
+                                          f"task.vocab_file={vocab_file}"] +
+                                         [f"task.model.{s}" for s in shape.split(",")]))
+  configs.check_init_checkpoints("ict_paper", ict)
+  task = task_factory.get_task(ict.task)
+  model = task.build_model()
+  fresh = _by_suffix(model.query_embedder, "word_embeddings/embeddings:0").copy()
+  task.initialize(model)
+  for tower in (model.query_embedder, model.block_embedder):
+    got = _by_suffix(tower, "word_embeddings/embeddings:0")
+    np.testing.assert_allclose(got, w["bert/embeddings/word_embeddings"])
+    assert not np.allclose(got, fresh)
+    np.testing.assert_allclose(
+        _by_suffix(tower, "transformer/layer_1/intermediate/kernel:0"),
+        w["bert/encoder/layer_1/intermediate/dense/kernel"])
+
+  realm = configs.load_experiment(
+      "realm_pretrain_paper", [os.path.join(CONFIG_DIR, "realm_pretrain_paper__tpu.yaml")],
+      ",".join([f"task.retriever_init_checkpoint={converted}",
+                f"task.reader_init_checkpoint={converted}", f"task.model.vocab_file={vocab_file}"]
+               + [f"task.model.{t}.{s}" for t in ("retriever", "reader")
+                  for s in shape.split(",")]))
+  configs.check_init_checkpoints("realm_pretrain_paper", realm)
+  task = task_factory.get_task(realm.task)
+  model = task.build_model()
+  task.initialize(model)
+  np.testing.assert_allclose(_by_suffix(model.reader, "word_embeddings/embeddings:0"),
+                             w["bert/embeddings/word_embeddings"])
+  np.testing.assert_allclose(
+      _by_suffix(model.reader, "transformer/layer_0/self_attention/query/kernel:0"),
+      w["bert/encoder/layer_0/attention/self/query/kernel"].reshape(HIDDEN, HEADS, -1))
+  assert model_dir_lib.latest_checkpoint(converted).endswith("ckpt-0")

@@ -1,0 +1,199 @@
+"""REALM validation's zero-shot recall on Open-QA questions (``task.qa_eval_path``).
+
+Checked against a brute-force NumPy computation: the questions and the blocks embedded with the
+same towers directly, the exact top 5 blocks by inner product, and ORQA's ``HasAnswer`` written
+out again (case-sensitive substring of the block body; ``re.search`` ignoring case for regex
+answers).
+"""
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data_prep import blocks as blocks_pipeline
+from data_prep import pretrain_examples
+from data_prep import salient_spans
+from data_prep import synthetic_world
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import train_lib
+from realm_tf.data import contract
+from realm_tf.modeling.models import RealmPretrainer
+from realm_tf.tasks import realm_pretrain
+from realm_tf.tokenization import RealmTokenizer, load_vocab
+
+LQ, LB, TOP = 32, 64, 5
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+  """A tiny world: its blocks, held-out masked sentences and QA questions."""
+  root = tmp_path_factory.mktemp("qa_recall")
+  generated = synthetic_world.generate_world(seed=1, num_regions=2, num_cities=6,
+                                             num_people=14, num_organizations=4, num_works=6)
+  files = synthetic_world.write_world(generated, str(root / "world"), vocab_size=500)
+  dirs = {k: str(root / k) for k in ("blocks", "sentences", "pretrain")}
+  blocks_pipeline.run_blocks(files["articles"], files["vocab"], dirs["blocks"], True, LB, True)
+  salient_spans.run_annotate(dirs["blocks"], dirs["sentences"], "auto", files["patterns"])
+  pretrain_examples.run_pretrain_examples(dirs["sentences"], files["vocab"], dirs["pretrain"],
+                                          "salient", True, LQ, 10, 1, 0.3, 0)
+  return dict(root=root, vocab=files["vocab"], qa_test=files["qa_test"], **dirs)
+
+
+def _records(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _write(path, records):
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("".join(json.dumps(r) + "\n" for r in records))
+  return path
+
+
+def _params(w, **extra):
+  size = len(load_vocab(w["vocab"]))
+  items = {
+      "task.model.vocab_file": w["vocab"],
+      "task.model.retriever.encoder.vocab_size": size,
+      "task.model.reader.encoder.vocab_size": size,
+      "task.model.retriever.encoder.hidden_size": 32,
+      "task.model.reader.encoder.hidden_size": 32,
+      "task.model.retriever.encoder.intermediate_size": 64,
+      "task.model.reader.encoder.intermediate_size": 64,
+      # Fresh towers with a wide initialization: embeddings far apart, rankings clear-cut.
+      "task.model.retriever.encoder.initializer_range": 0.5,
+      "task.model.retriever.projection_size": 16,
+      "task.train_data.input_path": os.path.join(w["pretrain"], "train-*"),
+      "task.train_data.blocks_dir": w["blocks"],
+      "task.validation_data.input_path": os.path.join(w["pretrain"], "eval-*"),
+      "task.validation_data.blocks_dir": w["blocks"],
+  }
+  items.update(extra)
+  return configs.load_experiment("realm_pretrain_cpu", params_override=",".join(
+      f"{k}={v}" for k, v in items.items()))
+
+
+def _towers(params, path):
+  """A model with fresh towers, its towers saved at ``path`` (an init checkpoint)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  model = RealmPretrainer.from_config_dataclass(params.task.model)
+  dummy = {k: np.zeros([1, LQ], np.int32) for k in
+           ("input_word_ids", "input_mask", "input_type_ids")}
+  model.query_embedder(dummy)
+  model.block_embedder(dummy)
+  return model, model_dir_lib.make_checkpoint(query_embedder=model.query_embedder,
+                                              block_embedder=model.block_embedder).write(path)
+
+
+def _numpy_top(model, w, questions):
+  """The exact top ``TOP`` block ids of each question and the block bodies, from the towers
+  applied directly and NumPy."""
+  blocks = contract.read_blocks(w["blocks"])
+  tokenizer = RealmTokenizer(w["vocab"])
+  # [CLS] title [SEP] body [SEP] (the stored token_ids, made for LB), segment 1 after the
+  # first [SEP], zero-padded to LB.
+  word_ids = np.zeros([len(blocks), LB], np.int32)
+  type_ids = np.zeros([len(blocks), LB], np.int32)
+  for i, block in enumerate(blocks):
+    tokens = block["token_ids"]
+    assert len(tokens) <= LB and tokens[0] == tokenizer.cls_id
+    word_ids[i, :len(tokens)] = tokens
+    type_ids[i, tokens.index(tokenizer.sep_id) + 1:len(tokens)] = 1
+  block_emb = model.block_embedder(dict(input_word_ids=word_ids, input_mask=(
+      word_ids > 0).astype(np.int32), input_type_ids=type_ids)).numpy()
+  # [CLS] question [SEP], zero-padded to LQ, built by hand.
+  q_ids = np.zeros([len(questions), LQ], np.int32)
+  for i, question in enumerate(questions):
+    pieces = tokenizer.tokenize([question])[0].numpy()[:LQ - 2]
+    q_ids[i, :len(pieces) + 2] = [tokenizer.cls_id, *pieces, tokenizer.sep_id]
+  q_emb = model.query_embedder(dict(input_word_ids=q_ids, input_mask=(q_ids > 0).astype(
+      np.int32), input_type_ids=np.zeros_like(q_ids))).numpy()
+  scores = q_emb.astype(np.float64) @ block_emb.astype(np.float64).T
+  assert scores.shape == (len(questions), len(blocks))
+  return np.argsort(-scores, axis=1)[:, :TOP], [b["body"] for b in blocks]
+
+
+def _scalars(logdir):
+  out = {}
+  for path in tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        out[value.tag] = float(tf.make_ndarray(value.tensor))
+  return out
+
+
+def test_qa_recall_in_eval_logs_matches_numpy(world):
+  """``--mode=eval``: ``qa_recall@5`` and ``qa_questions`` in the returned logs and in the
+  validation summaries, equal to the brute-force fraction."""
+  records = _records(world["qa_test"])
+  # Each question again with its answers lower-cased (the test is case-sensitive), and one
+  # whose answer is in no block.
+  records += [dict(r, answers=[a.lower() for a in r["answers"]]) for r in records]
+  records.append(dict(question=records[0]["question"], answers=["Zzqx no such answer"]))
+  qa_path = _write(str(world["root"] / "qa-text.jsonl"), records)
+  init = str(world["root"] / "towers_text" / "ckpt")
+  params = _params(world, **{"task.qa_eval_path": qa_path,
+                             "task.retriever_init_checkpoint": init})
+  model, _ = _towers(params, init)
+  model_dir = str(world["root"] / "eval_text")
+  os.makedirs(model_dir)
+
+  logs = train_lib.run_experiment(params, model_dir, mode="eval")
+
+  top, bodies = _numpy_top(model, world, [r["question"] for r in records])
+  hits = [any(a in bodies[b] for b in row for a in r["answers"])
+          for row, r in zip(top, records)]
+  want = sum(hits) / len(hits)
+  assert 0.0 < want < 1.0   # a fraction that tells hits from misses
+  # Lower-casing the answers loses some hits: the rule is case-sensitive.
+  n = (len(records) - 1) // 2
+  assert sum(hits[n:2 * n]) < sum(hits[:n])
+  assert logs["qa_recall@5"] == want
+  assert logs["qa_questions"] == len(records)
+  assert {"recall@5", "retrieval_utility", "examples", "validation_loss"} <= set(logs)
+  summaries = _scalars(os.path.join(model_dir, "validation"))
+  assert summaries["qa_recall@5"] == pytest.approx(want)
+  assert summaries["qa_questions"] == len(records)
+
+
+def test_qa_recall_regex_answers_and_off_by_default(world):
+  """``qa_answer_type=regex`` (CuratedTrec): ``re.search`` ignoring case; recall_at names
+  the metric; without ``qa_eval_path`` no QA numbers are reported."""
+  records = _records(world["qa_test"])
+  # Lower-cased literal patterns match ignoring case; "." stands for any first character.
+  records = [dict(question=r["question"], answers=[re.escape(a.lower()) for a in r["answers"]])
+             for r in records]
+  records += [dict(question=r["question"], answers=["." + r["answers"][0][2:]])
+              for r in records[:6]]
+  records.append(dict(question=records[0]["question"], answers=["("]))   # never compiles
+  qa_path = _write(str(world["root"] / "qa-regex.jsonl"), records)
+  params = _params(world, **{"task.qa_eval_path": qa_path, "task.qa_answer_type": "regex",
+                             "task.recall_at": TOP})
+  task = realm_pretrain.RealmPretrainTask(params.task)
+  model, _ = _towers(params, str(world["root"] / "towers_regex" / "ckpt"))
+  task.build_inputs(params.task.validation_data)
+  task.validation_begin(model)
+  state = task.aggregate_logs(None, {})
+  logs = task.reduce_aggregated_logs(task.aggregate_logs(state, {}))
+
+  top, bodies = _numpy_top(model, world, [r["question"] for r in records])
+
+  def matches(pattern, text):
+    try:
+      return re.search(pattern, text, re.IGNORECASE) is not None
+    except re.error:
+      return False
+  hits = [any(matches(p, bodies[b]) for b in row for p in r["answers"])
+          for row, r in zip(top, records)]
+  assert 0.0 < np.mean(hits) < 1.0
+  assert logs == {"qa_recall@5": sum(hits) / len(hits), "qa_questions": float(len(records))}
+
+  off = realm_pretrain.RealmPretrainTask(_params(world).task)
+  off.build_inputs(params.task.validation_data)
+  off.validation_begin(model)
+  assert off.reduce_aggregated_logs(off.aggregate_logs(None, {})) == {}
