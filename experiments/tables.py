@@ -118,7 +118,12 @@ def _say(message: str) -> None:
 
 # ---------------------------------------------------------------------------------- data --
 def prepare(out: str) -> Dict:
-  """The world, its three maskings' examples, ICT examples and the reading worlds."""
+  """The world, its three maskings' examples, ICT examples and the reading worlds (kept in
+  ``out/prepared.json``: a rerun into the same directory reuses them)."""
+  done = os.path.join(out, "prepared.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import pretrain_examples  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
@@ -150,8 +155,11 @@ def prepare(out: str) -> Dict:
   _say(f"world: {len(world.articles)} articles, "
        f"{prepared['blocks']['num_blocks']} blocks, {held_out} held-out masked sentences, "
        f"{num_questions} test questions")
-  return dict(files=files, dirs=dirs, reading=reading, num_test_questions=num_questions,
-              num_held_out_sentences=held_out)
+  prepared = dict(files=files, dirs=dirs, reading=reading, num_test_questions=num_questions,
+                  num_held_out_sentences=held_out)
+  with open(done, "w") as f:
+    json.dump(prepared, f)
+  return prepared
 
 
 # ---------------------------------------------------------------------------- warm starts --
@@ -592,7 +600,7 @@ def main(argv):
 def run():
   # The demo's knobs, at the tables' sizes.
   for name, value in (("world_scale", 5.0), ("realm_steps", 500), ("openqa_steps", 300),
-                      ("reading_steps", 3000), ("refresh_every", 10),
+                      ("reading_steps", 6000), ("refresh_every", 10),
                       ("output_dir", "tables_out")):
     FLAGS.set_default(name, value)
   cli.run_main(main)
