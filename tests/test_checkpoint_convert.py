@@ -33,7 +33,8 @@ def bert_config(vocab_size):
               max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02)
 
 
-def random_bert(rng, prefix, vocab_size):
+def random_bert(rng, prefix, vocab_size, hidden=HIDDEN, inter=INTER, layers=LAYERS):
+  HIDDEN, INTER, LAYERS = hidden, inter, layers  # pylint: disable=invalid-name
   w = {}
   def put(name, *shape, scale=0.1):
     w[prefix + name] = (rng.standard_normal(shape) * scale).astype(np.float32)

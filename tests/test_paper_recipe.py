@@ -84,37 +84,12 @@ def test_realm_train_refuses_random_init_on_one_line(tmp_path):
 
 def _random_google_bert(rng, vocab_size):
   """A random BERT in google-research's TF1 names (``bert/...``, ``cls/predictions/...``)."""
-  w = {}
-
-  def put(name, *shape):
-    w[name] = (rng.standard_normal(shape) * 0.02).astype(np.float32)
-  put("bert/embeddings/word_embeddings", vocab_size, HIDDEN)
-  put("bert/embeddings/token_type_embeddings", 2, HIDDEN)
-  put("bert/embeddings/position_embeddings", 512, HIDDEN)
-  for n in ("bert/embeddings/LayerNorm",):
-    put(f"{n}/gamma", HIDDEN)
-    put(f"{n}/beta", HIDDEN)
-  for i in range(LAYERS):
-    p = f"bert/encoder/layer_{i}/"
-    for m in ("query", "key", "value"):
-      put(p + f"attention/self/{m}/kernel", HIDDEN, HIDDEN)
-      put(p + f"attention/self/{m}/bias", HIDDEN)
-    put(p + "attention/output/dense/kernel", HIDDEN, HIDDEN)
-    put(p + "attention/output/dense/bias", HIDDEN)
-    for n in ("attention/output/LayerNorm", "output/LayerNorm"):
-      put(p + f"{n}/gamma", HIDDEN)
-      put(p + f"{n}/beta", HIDDEN)
-    put(p + "intermediate/dense/kernel", HIDDEN, INTER)
-    put(p + "intermediate/dense/bias", INTER)
-    put(p + "output/dense/kernel", INTER, HIDDEN)
-    put(p + "output/dense/bias", HIDDEN)
-  put("bert/pooler/dense/kernel", HIDDEN, HIDDEN)
-  put("bert/pooler/dense/bias", HIDDEN)
-  put("cls/predictions/transform/dense/kernel", HIDDEN, HIDDEN)
-  put("cls/predictions/transform/dense/bias", HIDDEN)
-  put("cls/predictions/transform/LayerNorm/gamma", HIDDEN)
-  put("cls/predictions/transform/LayerNorm/beta", HIDDEN)
-  put("cls/predictions/output_bias", vocab_size)
+  w = tf1_helpers.random_bert(rng, "bert/", vocab_size, HIDDEN, INTER, LAYERS)
+  for name, shape in (("transform/dense/kernel", (HIDDEN, HIDDEN)),
+                      ("transform/dense/bias", (HIDDEN,)),
+                      ("transform/LayerNorm/gamma", (HIDDEN,)),
+                      ("transform/LayerNorm/beta", (HIDDEN,)), ("output_bias", (vocab_size,))):
+    w["cls/predictions/" + name] = (rng.standard_normal(shape) * 0.02).astype(np.float32)
   return w
 
 
