@@ -17,7 +17,10 @@ as the paper starts from one BERT and one ICT run; each seed then re-runs everyt
   REALM; REALM retriever + baseline encoder; baseline retriever + REALM encoder; the baseline;
   random uniform masks; random span masks; a 30x staler index (the refresher builds at most
   every ``staleness x refresh_every`` steps). The towers of two model directories are mixed with
-  the Open-QA task's ``retriever_init_checkpoint`` / ``reader_init_checkpoint``.
+  the Open-QA task's ``retriever_init_checkpoint`` / ``reader_init_checkpoint``. One more row,
+  not in the paper (its listed limitation): REALM fine-tuned with its block tower trained
+  (``task.trainable_blocks``: the top ``--trainable_blocks`` of each beam embedded with the
+  current block tower) and a refresher re-embedding the corpus beside the fine-tuner.
 * **Table 3**: for held-out masked sentences, ``p(answer | x)`` from a reader given the null
   block only (the "BERT" row: the reading warm start; and REALM's own reader), given the block
   that holds the answer, and marginalized over REALM's top 8; a few examples and the medians.
@@ -52,7 +55,11 @@ flags.DEFINE_integer("staleness", 30, "How many times staler the stale-index abl
 flags.DEFINE_integer("validation_every", 100,
                      "Validation interval of the refreshed and stale runs (the plot's points).")
 flags.DEFINE_integer("table3_examples", 5, "Held-out sentences printed in Table 3.")
+flags.DEFINE_integer("trainable_blocks", 16,
+                     "The trainable-block-tower row: top blocks of each beam embedded with the "
+                     "current block tower (task.trainable_blocks).")
 
+TRAINABLE_ROW = "REALM, block tower fine-tuned + refresher"
 # The paper's numbers (EM on test; Table 2 on NQ dev: EM / zero-shot recall@5).
 PAPER_TABLE1 = {"REALM (Wikipedia)": (39.2, 40.2, 46.8), "REALM (CC-News)": (40.4, 40.7, 42.9),
                 "ORQA": (33.3, 36.4, 30.1)}
@@ -60,7 +67,7 @@ PAPER_TABLE2 = {
     "REALM": (38.2, 38.5), "REALM retriever + baseline encoder": (37.4, 38.5),
     "baseline retriever + REALM encoder": (35.3, 13.9), "baseline (ORQA)": (31.3, 13.9),
     "random uniform masks": (32.3, 24.2), "random span masks": (35.3, 26.1),
-    "30x staler index": (28.7, 15.1)}
+    "30x staler index": (28.7, 15.1), TRAINABLE_ROW: None}
 
 # Pre-training runs: name -> (masking, refreshed every refresh_every, or staleness x staler).
 PRETRAIN_RUNS = {"realm": ("salient", 1), "stale": ("salient", None),
@@ -74,6 +81,9 @@ TABLE2_ROWS = {
     "random uniform masks": ("uniform", "uniform"),
     "random span masks": ("random_span", "random_span"),
     "30x staler index": ("stale", "stale"),
+    # Not in the paper (its listed limitation): REALM fine-tuned with its block tower trained
+    # and the refresher re-embedding the corpus beside the fine-tuner.
+    TRAINABLE_ROW: ("realm", "realm"),
 }
 TABLE1_ROWS = ("baseline (ORQA)", "REALM")
 
@@ -262,9 +272,16 @@ def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Seque
 
 # ------------------------------------------------------------------------------ Open-QA --
 def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
-             rows: Dict[str, tuple]) -> Dict[str, Dict]:
+             rows: Dict[str, tuple], done: Dict[str, Dict]) -> Dict[str, Dict]:
   """Open-QA fine-tuning of ``rows`` (label -> (retriever, reader) source names) side by side;
-  returns label -> {"em", "top_5_match" (fine-tuned), "zero_shot_recall@5", ...}."""
+  returns label -> {"em", "top_5_match" (fine-tuned), "zero_shot_recall@5", ...}. ``done``:
+  this seed's results of an earlier invocation (``runs.json``), reused for the rows whose
+  model directory is finished.
+
+  Every row searches a frozen index of its retriever's block tower, except ``TRAINABLE_ROW``:
+  it trains its block tower (``task.trainable_blocks``) with a refresher beside it that
+  re-embeds the corpus every ``refresh_every`` steps into the row's own index directory, and
+  is evaluated against the refresher's last index (of the final block tower)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
@@ -285,18 +302,35 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
   def slug(label):
     return "openqa_" + "".join(c if c.isalnum() else "_" for c in label.lower()).strip("_")
 
-  def overrides(label, split):
+  def overrides(label, split, frozen=False):
     retriever, reader = rows[label]
+    index_dir = indexes[retriever]
     extra = [f"task.train_data.seed={seed}"]
-    return demo.openqa_overrides(vocab, indexes[retriever], files["qa_train"], files[split],
+    if label == TRAINABLE_ROW and not frozen:
+      index_dir = os.path.join(base, slug(label)) + "_index"
+      every = FLAGS.refresh_every    # a checkpoint, so a fresh index, every refresh_every
+      loop = math.gcd(every, max(1, FLAGS.openqa_steps // 3))   # divides every interval
+      extra += [f"task.trainable_blocks={FLAGS.trainable_blocks}",
+                f"task.blocks_dir={data['dirs']['blocks']}",
+                f"trainer.checkpoint_interval={every}", f"trainer.steps_per_loop={loop}"]
+    return demo.openqa_overrides(vocab, index_dir, files["qa_train"], files[split],
                                  sources[retriever], sources[reader]) + "," + ",".join(extra)
 
-  procs = []
+  procs, trained_now = [], set()
   for label in rows:
     model_dir = os.path.join(base, slug(label))
     if model_dir_lib.training_done(model_dir):
       continue
+    trained_now.add(label)
     log = model_dir + ".train.log"
+    if label == TRAINABLE_ROW:
+      refresh_log = model_dir + ".refresh.log"
+      procs.append((demo._run(  # pylint: disable=protected-access
+          ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+           f"--index_dir={model_dir}_index", f"--blocks_dir={data['dirs']['blocks']}",
+           "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
+           "--index_type=brute_force", "--progress=false"], refresh_log),
+          f"realm-refresh ({label}, seed {seed})", refresh_log))
     procs.append((demo._run(["realm_tf.binaries.train", "--experiment=openqa_cpu",  # pylint: disable=protected-access
                              "--mode=train_and_eval", f"--config_file={config_file}",
                              f"--model_dir={model_dir}",
@@ -305,15 +339,21 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
   if procs:
     _say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
          f"({FLAGS.openqa_steps} steps each)")
-    demo._wait_all(procs)  # pylint: disable=protected-access
+    demo._wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))  # pylint: disable=protected-access
   results, zero_shot = {}, {}
   for label, (retriever, _) in rows.items():
+    if label in done and label not in trained_now:
+      results[label] = done[label]
+      continue
     params = configs.load_experiment("openqa_cpu", [config_file], overrides(label, "qa_test"))
     if retriever not in zero_shot:
       # An empty model directory evaluates the initialization: zero-shot retrieval.
       start_dir = os.path.join(base, f"openqa_start_{retriever}")
       tf.io.gfile.makedirs(start_dir)
-      zero_shot[retriever] = train_lib.run_experiment(params, start_dir, mode="eval")
+      zero_shot[retriever] = train_lib.run_experiment(
+          configs.load_experiment("openqa_cpu", [config_file],
+                                  overrides(label, "qa_test", frozen=True)),
+          start_dir, mode="eval")
     after = train_lib.run_experiment(params, os.path.join(base, slug(label)), mode="eval")
     results[label] = dict(em=after["official_exact_match"], top_5_match=after["top_5_match"],
                           zero_shot_recall_at_5=zero_shot[retriever]["top_5_match"],
@@ -489,7 +529,8 @@ def render(out: str, runs: Dict, tables: Sequence[str], setting: str) -> str:
   if "2" in tables:
     body = [[label, fmt([s["openqa"][label]["em"] for s in seeds]),
              fmt([s["openqa"][label]["zero_shot_recall_at_5"] for s in seeds]),
-             f"{PAPER_TABLE2[label][0]:.1f} / {PAPER_TABLE2[label][1]:.1f}"]
+             f"{PAPER_TABLE2[label][0]:.1f} / {PAPER_TABLE2[label][1]:.1f}"
+             if PAPER_TABLE2[label] else "not in the paper"]
             for label in TABLE2_ROWS]
     em = {label: [s["openqa"][label]["em"] for s in seeds] for label in TABLE2_ROWS}
     r5 = {label: [s["openqa"][label]["zero_shot_recall_at_5"] for s in seeds]
@@ -503,6 +544,8 @@ def render(out: str, runs: Dict, tables: Sequence[str], setting: str) -> str:
         ("fresh vs 30x staler (zero-shot R@5)", separated(r5["REALM"], r5["30x staler index"])),
         ("REALM vs baseline retriever (zero-shot R@5)", separated(r5["REALM"],
                                                                    r5["baseline (ORQA)"])),
+        ("block tower fine-tuned + refresher vs frozen index (EM)",
+         separated(em[TRAINABLE_ROW], em["REALM"])),
     ]
     note = setting + "\n\nOrderings (95% intervals disjoint?):\n" + "\n".join(
         f"- {name}: {verdict}" for name, verdict in orderings)
@@ -576,10 +619,15 @@ def main(argv):
   needed = ["realm"] + [n for n in PRETRAIN_RUNS if n != "realm" and any(
       n in sources for sources in rows.values())]
   runs: Dict[str, Dict] = {"seeds": {}}
+  earlier = {}
+  if os.path.exists(os.path.join(out, "runs.json")):
+    with open(os.path.join(out, "runs.json")) as f:
+      earlier = json.load(f)["seeds"]
   for seed in range(FLAGS.seeds):
     realm_dirs = pretrain(out, data, warm, seed, needed)
     sources = dict(warm, **realm_dirs)
-    seed_runs = {"openqa": finetune(out, data, sources, seed, rows) if rows else {}}
+    done = earlier.get(str(seed), {}).get("openqa", {})
+    seed_runs = {"openqa": finetune(out, data, sources, seed, rows, done) if rows else {}}
     if "3" in tables:
       seed_runs["table3"] = table3_probabilities(data, realm_dirs["realm"], warm["bert"])
     seed_runs["curves"] = {name: read_validation_curves(realm_dirs[name])

@@ -232,9 +232,9 @@ class OpenQaTaskConfig(cfg.TaskConfig):
   """ORQA's Open-QA fine-tuning, as REALM fine-tunes (``tasks/openqa.py``).
 
   Attributes:
-    index_dir: the frozen index whose block embeddings are searched and rescored (built with
-      the block tower of the model fine-tuned from: ``realm-index build``, or an ORQA model's
-      ``block_emb``). The block tower is never trained.
+    index_dir: the index whose block embeddings are searched and rescored (built with the
+      block tower of the model fine-tuned from: ``realm-index build``, or an ORQA model's
+      ``block_emb``). Frozen unless ``trainable_blocks``.
     blocks_dir: the corpus of the index (default: the one its manifest names).
     init_checkpoint: a model directory or checkpoint; its query tower and reader start the
       model (a span scorer missing from it starts fresh).
@@ -245,6 +245,15 @@ class OpenQaTaskConfig(cfg.TaskConfig):
     reader_beam_size: the top blocks of the beam that the reader reads (ORQA: 5).
     max_gold_spans: gold spans kept per read block (beyond: counted, dropped).
     top_k: the ``top_k_match`` cut-offs reported (those above the beam are skipped).
+    trainable_blocks: 0 (ORQA's and REALM's recipe): the block tower is frozen and every
+      retriever score uses the index's embeddings. N > 0: the model gets its own block tower
+      (started from the init checkpoint's), the top N blocks of each question's beam are
+      embedded with it on the device, and it trains; ``realm-refresh`` run on this model
+      directory then keeps ``index_dir`` fresh (it builds the first index from ``ckpt-0``),
+      as in REALM pre-training.
+    refresh_index: with ``trainable_blocks``, swap in the newer indexes that the refresher
+      publishes between batches (False: search the first index throughout).
+    index_wait_seconds: with ``trainable_blocks``, how long to wait for the first index.
   """
   model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
   train_data: OpenQaDataConfig = dataclasses.field(default_factory=OpenQaDataConfig)
@@ -258,6 +267,9 @@ class OpenQaTaskConfig(cfg.TaskConfig):
   reader_beam_size: int = 5
   max_gold_spans: int = 32
   top_k: Sequence[int] = (5, 10, 50, 100, 500, 1000, 5000)
+  trainable_blocks: int = 0
+  refresh_index: bool = True
+  index_wait_seconds: float = 600.0
 
 def retriever_tiny() -> RetrieverConfig:
   """The toy retriever, without dropout.

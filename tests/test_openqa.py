@@ -471,7 +471,7 @@ def test_loss_metrics_and_gradients_match_numpy(tiny):
   assert np.abs(grads[-1].numpy()[0, READ:]).max() > 0   # unread blocks: the retriever term
   # No variable of the model holds the block embeddings.
   table = tiny["embeddings"]
-  assert not hasattr(model, "block_embedder")
+  assert model.block_embedder is None
   assert all(tuple(v.shape) != table.shape for v in model.variables)
   assert all(v is not beam_emb for v in model.trainable_variables)
 

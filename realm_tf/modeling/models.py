@@ -128,9 +128,12 @@ def tower_inputs(features, prefix):
 class OpenQaModel(tf_keras.Model):
   """ORQA's model: the query tower scores the retriever beam, the reader scores answer spans.
 
-  The block embeddings are inputs (``beam_emb``, taken from the frozen index on the host), so
-  the retriever logits ``q . e(z)`` are recomputed with the current query tower and their
-  gradient reaches it, never the blocks (as in ORQA and REALM's fine-tuning).
+  The block embeddings are inputs (``beam_emb``, taken from the index on the host), so the
+  retriever logits ``q . e(z)`` are recomputed with the current query tower and their gradient
+  reaches it, never the blocks (as in ORQA and REALM's fine-tuning). With a ``block_embedder``
+  (the task's ``trainable_blocks``) and the features ``beam_block_word_ids``/``_mask``/
+  ``_type_ids`` ``[b, N, Lb]``, the top N blocks of the beam are embedded with the current
+  block tower instead, so the block tower trains too; the rest keep the index's embeddings.
 
   Inputs (``features``): ``question_word_ids``/``question_mask``/``question_type_ids``
   ``[b, Lq]``; ``beam_emb`` ``[b, B, d]``; ``reader_word_ids``/``reader_mask``/
@@ -141,7 +144,8 @@ class OpenQaModel(tf_keras.Model):
   candidate spans ``span_starts``/``span_ends`` ``[b, R, C]`` (positions in the reader input).
   """
 
-  def __init__(self, query_embedder, reader, max_span_width: int = 10, **kwargs):
+  def __init__(self, query_embedder, reader, max_span_width: int = 10, block_embedder=None,
+               **kwargs):
     super().__init__(**kwargs)
     if reader.span_scorer is None:
       raise ValueError("the Open-QA reader needs a span scorer (build_reader(..., "
@@ -149,21 +153,35 @@ class OpenQaModel(tf_keras.Model):
     self.query_embedder = query_embedder
     self.reader = reader
     self.max_span_width = max_span_width
+    self.block_embedder = block_embedder
 
   @classmethod
-  def from_config_dataclass(cls, config: configs.RealmModelConfig) -> "OpenQaModel":
+  def from_config_dataclass(cls, config: configs.RealmModelConfig,
+                            block_tower: bool = False) -> "OpenQaModel":
+    """``block_tower``: add a trainable block tower, separate from the query tower."""
     query_embedder, _ = factory.build_embedders(config.retriever)
+    block_embedder = (factory.build_embedder(config.retriever, "block_embedder")
+                      if block_tower else None)
     return cls(query_embedder, factory.build_reader(config.reader, with_span_scorer=True),
-               max_span_width=config.reader.max_span_width)
+               max_span_width=config.reader.max_span_width, block_embedder=block_embedder)
 
   @property
   def checkpoint_items(self):
-    return dict(query_embedder=self.query_embedder, reader=self.reader)
+    items = dict(query_embedder=self.query_embedder, reader=self.reader)
+    if self.block_embedder is not None:
+      items["block_embedder"] = self.block_embedder
+    return items
 
   def call(self, features, training=None):
     query = self.query_embedder(tower_inputs(features, "question"), training=training)
-    retriever_logits = tf.einsum("bd,bkd->bk", query, tf.cast(features["beam_emb"],
-                                                              query.dtype))
+    beam_emb = tf.cast(features["beam_emb"], query.dtype)                          # [b, B, d]
+    if self.block_embedder is not None and "beam_block_word_ids" in features:
+      batch = tf.shape(beam_emb)[0]
+      fresh = features["beam_block_word_ids"].shape[1]
+      blocks = self.block_embedder(tower_inputs(features, "beam_block"), training=training)
+      blocks = tf.reshape(tf.cast(blocks, query.dtype), [batch, fresh, -1])       # [b, N, d]
+      beam_emb = tf.concat([blocks, beam_emb[:, fresh:]], axis=1)
+    retriever_logits = tf.einsum("bd,bkd->bk", query, beam_emb)
     shape = tf.shape(features["reader_word_ids"])
     batch, read = shape[0], features["reader_word_ids"].shape[1]
     inputs = tower_inputs(features, "reader")

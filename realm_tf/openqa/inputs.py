@@ -200,12 +200,18 @@ class OpenQaInputBuilder:
     retriever_beam_size, reader_beam_size: the beam and how many of its top blocks are read.
     max_gold_spans: gold spans kept per read block (more are counted in ``spans_dropped``).
     titles: the block titles (for showing evidence), indexed by block id.
+    block_inputs: for a trainable block tower, the packed block-tower inputs of every block
+      (``word_ids``, ``mask``, ``type_ids``: int ``[num_blocks, Lb]``); the top
+      ``trainable_blocks`` of each beam then also get ``beam_block_*`` features.
+    handle: the ``IndexHandle`` that ``search`` goes through, for ``maybe_swap``.
   """
 
   def __init__(self, bodies: Sequence[str], embeddings: np.ndarray, search: Callable,
                tokenizer, query_seq_length: int, reader_seq_length: int,
                retriever_beam_size: int, reader_beam_size: int, max_gold_spans: int = 32,
-               titles: Optional[Sequence[str]] = None):
+               titles: Optional[Sequence[str]] = None,
+               block_inputs: Optional[Dict[str, np.ndarray]] = None, trainable_blocks: int = 0,
+               handle=None):
     if len(bodies) != len(embeddings):
       raise ValueError(f"{len(bodies)} blocks but {len(embeddings)} block embeddings")
     if reader_beam_size > retriever_beam_size:
@@ -224,9 +230,24 @@ class OpenQaInputBuilder:
     self.beam = retriever_beam_size
     self.read = reader_beam_size
     self.max_gold_spans = max_gold_spans
+    if trainable_blocks and block_inputs is None:
+      raise ValueError("trainable_blocks needs block_inputs")
+    if not 0 <= trainable_blocks <= retriever_beam_size:
+      raise ValueError(f"trainable_blocks {trainable_blocks} is not in [0, retriever_beam_size "
+                       f"{retriever_beam_size}]")
+    self.block_inputs = block_inputs
+    self.trainable_blocks = trainable_blocks
+    self.handle = handle
     self._blocks: Dict[int, BlockText] = {}
     self._pack_questions = None
     self.stats = dict(questions=0, questions_truncated=0, spans_dropped=0)
+
+  def maybe_swap(self) -> bool:
+    """Swaps in a newer index of ``handle`` (and its embeddings), if one was published."""
+    if self.handle is None or not self.handle.maybe_swap():
+      return False
+    self.embeddings = self.handle.embeddings()
+    return True
 
   def block_texts(self, block_ids: Sequence[int]) -> List[BlockText]:
     """The reader's view of the given blocks (tokenized once, then cached)."""
@@ -310,6 +331,10 @@ class OpenQaInputBuilder:
         gold_ends=gold["ends"], gold_mask=gold["mask"],
         question_index=np.asarray(question_indices if question_indices is not None
                                   else np.full([n], -1), np.int32))
+    if self.trainable_blocks:
+      top = ids[:, :self.trainable_blocks]
+      features.update({f"beam_block_{k}": v[top].astype(np.int32)
+                       for k, v in self.block_inputs.items()})
     return features
 
   def _answer_ids(self, questions: Sequence[Question]) -> List[List[np.ndarray]]:

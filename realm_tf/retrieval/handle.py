@@ -170,6 +170,14 @@ class IndexHandle:
   def index(self) -> mips_index.MipsIndex:
     return self._loaded().index
 
+  def embeddings(self) -> np.ndarray:
+    """The current index's block embeddings, float32 ``[num_blocks, dim]`` (row = block id)."""
+    loaded = self._loaded()
+    try:
+      return np.asarray(loaded.index.embeddings, np.float32)
+    except ValueError:
+      return np.load(os.path.join(loaded.path, mips_index.EMBEDDINGS_NAME)).astype(np.float32)
+
   @property
   def step(self) -> int:
     """Model step of the current index (staleness = trainer step - this)."""

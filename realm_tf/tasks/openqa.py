@@ -22,6 +22,16 @@ device needs nothing of the corpus. Which blocks hold an answer is a text test
 (``HasAnswer``, and regular expressions for CuratedTrec) that a device cannot run, which is
 why the beam is built on the host rather than by a device-side top-k.
 
+A trainable block tower (``trainable_blocks`` N > 0; the limitation the paper lists, and a
+row of ``experiments/tables.py``): the model gets its own block tower, started from the one
+that built the index; the host adds the top N beam blocks' block-tower inputs
+``beam_block_*`` ``[b, N, Lb]``, the device embeds them with the current block tower (so the
+retriever loss trains it; the rest of the beam keeps the index's embeddings), and
+``realm-refresh`` on this model directory re-embeds the corpus while fine-tuning goes on. The
+host side is then built at the first batch (the refresher's first index needs ``ckpt-0``) and
+swaps in each newer index, and its embeddings, between batches. Evaluate such a model against
+an index of its own block tower (the refresher's last, or ``realm-index build``).
+
 Metrics (per question, means): ``exact_match`` (the predicted span is a gold span; ORQA's
 ``exact_match``, which picks the best checkpoint), ``official_exact_match`` (validation only:
 the predicted text, mapped back to the block's characters, under ORQA's ``eval_utils``
@@ -32,6 +42,7 @@ how often each loss term is dropped because nothing is correct (``no_correct_in_
 
 import logging
 import os
+import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -48,6 +59,7 @@ from realm_tf.modeling import losses
 from realm_tf.modeling import openqa_losses
 from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.retrieval import candidates as candidates_lib
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import mips_index
 from realm_tf.tasks import base
@@ -55,6 +67,8 @@ from realm_tf.tokenization import RealmTokenizer
 
 MODEL_FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_emb",
                   "reader_word_ids", "reader_mask", "reader_type_ids")
+# The block tower's inputs of the top of the beam (``trainable_blocks``).
+BLOCK_TOWER_FEATURES = ("beam_block_word_ids", "beam_block_mask", "beam_block_type_ids")
 PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")
 
 
@@ -108,19 +122,31 @@ class OpenQaTask(base.RealmBaseTask):
     return model, self.task_config.model.vocab_file
 
   def build_model(self) -> OpenQaModel:
-    self._model = OpenQaModel.from_config_dataclass(self.task_config.model)
+    self._model = OpenQaModel.from_config_dataclass(
+        self.task_config.model, block_tower=self.task_config.trainable_blocks > 0)
     return self._model
 
   def initialize(self, model: OpenQaModel):
     cfg = self.task_config
-    sources = [(cfg.init_checkpoint, model.checkpoint_items),
-               (cfg.retriever_init_checkpoint, dict(query_embedder=model.query_embedder)),
+    towers = dict(query_embedder=model.query_embedder)
+    sources = [(cfg.init_checkpoint, dict(query_embedder=model.query_embedder,
+                                          reader=model.reader)),
+               (cfg.retriever_init_checkpoint, towers),
                (cfg.reader_init_checkpoint, dict(reader=model.reader))]
     for path, items in sources:
       if path:
         model_dir_lib.restore(model_dir_lib.resolve_checkpoint(path), allow_missing=True,
                               **items)
         logging.info("open-qa: %s from %s", ", ".join(items), path)
+    if model.block_embedder is not None:
+      # The trainable block tower starts as the tower that built the index: it must exist.
+      path = cfg.retriever_init_checkpoint or cfg.init_checkpoint
+      if not path:
+        raise configs.ConfigError("trainable_blocks needs the block tower to start from: set "
+                                  "task.init_checkpoint or task.retriever_init_checkpoint")
+      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(path),
+                            block_embedder=model.block_embedder)
+      logging.info("open-qa: block_embedder (trainable) from %s", path)
 
   # --------------------------------------------------------------------- inputs --
 
@@ -141,14 +167,18 @@ class OpenQaTask(base.RealmBaseTask):
 
   def build_inputs(self, params: configs.OpenQaDataConfig, input_context=None):
     """Questions -> features of the current query tower (see the module docstring)."""
+    cfg = self.task_config
     questions = load_questions(params)
     self._questions[params.is_training] = questions
-    builder = self.builder()
-    cut = builder.count_truncated([q.question for q in questions])
-    if cut:
-      logging.warning("%s: %d of %d questions are longer than the query length (%d) and are "
-                      "truncated", params.input_path, cut, len(questions),
-                      builder.query_seq_length)
+    if cfg.trainable_blocks:
+      # The first index comes from the refresher, which needs ckpt-0, which the trainer saves
+      # after building its inputs: the host side is built at the first batch.
+      if not cfg.blocks_dir:
+        raise configs.ConfigError("trainable_blocks needs task.blocks_dir (the refresher "
+                                  "builds the first index from ckpt-0)")
+      num_blocks = int(contract.load_blocks_manifest(cfg.blocks_dir)["num_blocks"])
+    else:
+      num_blocks = len(self.builder().bodies)
     batch = loaders.per_replica_batch_size(params.global_batch_size, input_context)
     indices = np.arange(len(questions))
     if input_context and input_context.num_input_pipelines > 1:
@@ -159,12 +189,20 @@ class OpenQaTask(base.RealmBaseTask):
     rng = np.random.RandomState(params.seed)
 
     def generate():
+      builder = self.builder()
+      cut = builder.count_truncated([q.question for q in questions])
+      if cut:
+        logging.warning("%s: %d of %d questions are longer than the query length (%d) and are "
+                        "truncated", params.input_path, cut, len(questions),
+                        builder.query_seq_length)
       order = indices.copy()
       while True:
         if params.is_training:
           rng.shuffle(order)
         stop = len(order) - len(order) % batch if params.is_training else len(order)
         for start in range(0, stop, batch):
+          if builder.maybe_swap():
+            logging.info("open-qa: swapped in the index of step %d", builder.handle.step)
           chunk = order[start:start + batch]
           chosen = [questions[i] for i in chunk]
           question_inputs = builder.question_inputs([q.question for q in chosen])
@@ -175,7 +213,8 @@ class OpenQaTask(base.RealmBaseTask):
         if not params.is_training:
           return
 
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=feature_signature(builder))
+    dataset = tf.data.Dataset.from_generator(
+        generate, output_signature=feature_signature(cfg, num_blocks))
     # No prefetch: each batch is retrieved with the query tower its step starts from.
     return dataset.batch(batch, drop_remainder=params.is_training)
 
@@ -259,31 +298,45 @@ def span_text(block: inputs_lib.BlockText, start: int, end: int) -> str:
   return block.text[int(block.char_starts[start]):int(block.char_ends[end])]
 
 
-def feature_signature(builder: inputs_lib.OpenQaInputBuilder) -> Dict[str, tf.TensorSpec]:
-  """The shapes of one question's features (``openqa.inputs.FEATURES``)."""
-  lq, lr = builder.query_seq_length, builder.reader_seq_length
-  beam, read, gold = builder.beam, builder.read, builder.max_gold_spans
-  dim = builder.embeddings.shape[1]
+def feature_signature(cfg: configs.OpenQaTaskConfig, num_blocks: int
+                      ) -> Dict[str, tf.TensorSpec]:
+  """The shapes of one question's features (``openqa.inputs.FEATURES``, and the
+  ``beam_block_*`` inputs of the block tower with ``trainable_blocks``)."""
+  model = cfg.model
+  lq, lr = model.retriever.query_seq_length, model.reader.openqa_seq_length
+  beam, read = min(cfg.retriever_beam_size, num_blocks), cfg.reader_beam_size
+  gold, dim = cfg.max_gold_spans, model.retriever.projection_size
   spec = lambda shape, dtype=tf.int32: tf.TensorSpec(shape, dtype)
-  return dict(
+  signature = dict(
       question_word_ids=spec([lq]), question_mask=spec([lq]), question_type_ids=spec([lq]),
       beam_ids=spec([beam]), beam_emb=spec([beam, dim], tf.float32),
       retriever_correct=spec([beam]), reader_word_ids=spec([read, lr]),
       reader_mask=spec([read, lr]), reader_type_ids=spec([read, lr]),
       gold_starts=spec([read, gold]), gold_ends=spec([read, gold]),
       gold_mask=spec([read, gold]), question_index=spec([]))
+  if cfg.trainable_blocks:
+    fresh = [cfg.trainable_blocks, model.retriever.block_seq_length]
+    signature.update({k: spec(fresh) for k in BLOCK_TOWER_FEATURES})
+  return signature
 
 
-def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int] = None):
+def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int] = None,
+               watch: bool = False, wait_seconds: float = 0.0):
   """The published index of ``index_dir`` and its corpus: ``(handle, blocks_dir)``.
 
   ``blocks_dir`` defaults to the one the index's manifest names; the corpus must be the one
-  the index was built over (checked by fingerprint).
+  the index was built over (checked by fingerprint). ``watch``: the handle picks up newer
+  indexes (``maybe_swap``); ``wait_seconds``: how long to wait for a first index.
   """
   latest = os.path.join(index_dir, "LATEST")
+  deadline = time.time() + wait_seconds
+  while not tf.io.gfile.exists(latest) and time.time() < deadline:
+    time.sleep(1.0)
   if not tf.io.gfile.exists(latest):
-    raise contract.MissingDataError(f"no index in {index_dir} (no LATEST); build one with "
-                                    "realm-index build")
+    waited = f" within {wait_seconds:.0f}s" if wait_seconds else ""
+    raise contract.MissingDataError(
+        f"no index in {index_dir} (no LATEST){waited}; build one with realm-index build, or "
+        f"(trainable_blocks) run realm-refresh --index_dir={index_dir} on the model dir")
   with tf.io.gfile.GFile(latest) as f:
     path = os.path.join(index_dir, f.read().strip())
   manifest = mips_index.read_manifest(path)
@@ -296,16 +349,9 @@ def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int]
         f"the index {path} was built over another corpus than {blocks_dir} (fingerprint "
         f"{manifest.get('corpus_fingerprint')} != {blocks_manifest['fingerprint']})")
   handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=blocks_manifest["fingerprint"],
-                                  expected_dim=expected_dim, watch=False)
+                                  expected_dim=expected_dim, watch=watch, poll_seconds=1.0)
   handle.wait_for_first()
   return handle, blocks_dir
-
-
-def index_embeddings(handle) -> np.ndarray:
-  try:
-    return np.asarray(handle.index.embeddings, np.float32)
-  except ValueError:
-      return np.load(os.path.join(handle.path, mips_index.EMBEDDINGS_NAME)).astype(np.float32)
 
 
 def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optional[int] = None,
@@ -315,17 +361,26 @@ def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optiona
   if not cfg.index_dir:
     raise configs.ConfigError("task.index_dir is not set: the Open-QA task searches a frozen "
                               "index (realm-index build --model_dir=<the initial model>)")
-  handle, blocks_dir = open_index(cfg.index_dir, cfg.blocks_dir,
-                                  cfg.model.retriever.projection_size)
+  trainable = cfg.trainable_blocks > 0
+  handle, blocks_dir = open_index(
+      cfg.index_dir, cfg.blocks_dir, cfg.model.retriever.projection_size,
+      watch=trainable and cfg.refresh_index,
+      wait_seconds=cfg.index_wait_seconds if trainable else 0.0)
   texts = contract.read_block_fields(blocks_dir, fields=("title", "body"))
   bodies = [texts[i]["body"] for i in range(len(texts))]
   tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-  embeddings = index_embeddings(handle)
+  block_inputs = None
+  if trainable:   # the block tower's view of every block, packed as the refresher packs it
+    packed = candidates_lib.pack_blocks(contract.read_blocks(blocks_dir),
+                                        cfg.model.retriever.block_seq_length,
+                                        tokenizer.cls_id, tokenizer.sep_id)
+    block_inputs = dict(zip(("word_ids", "mask", "type_ids"), packed[:3]))
   logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
   return inputs_lib.OpenQaInputBuilder(
-      bodies, embeddings, handle.search, tokenizer,
+      bodies, handle.embeddings(), handle.search, tokenizer,
       query_seq_length=cfg.model.retriever.query_seq_length,
       reader_seq_length=cfg.model.reader.openqa_seq_length,
       retriever_beam_size=retriever_beam_size or min(cfg.retriever_beam_size, len(bodies)),
       reader_beam_size=reader_beam_size or cfg.reader_beam_size,
-      max_gold_spans=cfg.max_gold_spans, titles=[texts[i]["title"] for i in range(len(texts))])
+      max_gold_spans=cfg.max_gold_spans, titles=[texts[i]["title"] for i in range(len(texts))],
+      block_inputs=block_inputs, trainable_blocks=cfg.trainable_blocks, handle=handle)
