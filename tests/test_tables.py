@@ -65,6 +65,12 @@ def test_render_every_table_and_the_plot(tmp_path):
   medians = [np.median([r["realm_gold"] for r in runs["seeds"][s]["table3"]]) for s in range(3)]
   assert f"{statistics.fmean(medians):.3g}" in (tmp_path / "table3.md").read_text()
   assert "REALM vs baseline (EM)" in (tmp_path / "table2.md").read_text()
+  # Without the trainable-block-tower row (--trainable_row=false): the paper's seven rows.
+  for seed in runs["seeds"].values():
+    del seed["openqa"][tables.TRAINABLE_ROW]
+  tables.render(str(tmp_path), runs, ["2"], "setting line")
+  with open(tmp_path / "table2.csv") as f:
+    assert [r[0] for r in list(csv.reader(f))[1:]] == list(tables.PAPER_TABLE2)[:7]
   assert (tmp_path / "staleness.png").read_bytes()[:4] == b"\x89PNG"
 
 
