@@ -21,6 +21,7 @@ import tensorflow as tf
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
+from realm_tf.data import block_store
 from realm_tf.data import contract
 from realm_tf.data.loaders import InputError
 
@@ -42,36 +43,94 @@ def pack_blocks(blocks: List[Dict], seq_length: int, cls_id: int, sep_id: int):
           packed["input_type_ids"].numpy(), bodies)
 
 
+class _Bodies:
+  """Per row, the body tokens with their closing ``[SEP]`` (int32), read from the store when
+  indexed (row ``len(store)``: the null block's ``[SEP]``)."""
+
+  def __init__(self, store: block_store.BlockStore, sep_id: int):
+    self._store, self._sep_id = store, sep_id
+
+  def __len__(self):
+    return len(self._store) + 1
+
+  def __getitem__(self, row):
+    return self._store.body(row, sep_id=self._sep_id)
+
+
 class CandidateBuilder:
   """Turns pre-training examples into REALM's device inputs, retrieving through an index.
 
+  The corpus is a ``block_store.BlockStore``: the candidates' block inputs and the reader's
+  body tokens are gathered from it per batch, and the trivial-retrieval test compares uid
+  digests. Over a blocks directory, :meth:`from_blocks_dir` opens (building on first use) its
+  memory-mapped store; given a list of block dicts, the builder makes an in-memory store of
+  them. Either way the features are the same.
+
   Args:
-    blocks: the corpus, as ``contract.read_blocks`` returns it (``block_id`` = row).
+    blocks: the corpus: a ``BlockStore``, or the blocks as ``contract.read_blocks`` returns
+      them (``block_id`` = row).
     model_config: the ``RealmModelConfig`` (sequence lengths, number of candidates).
     handle: an ``IndexHandle`` (``search``, ``maybe_swap``, ``step``,
       ``query_embedder_checkpoint``); ``None`` for callers that pass candidates themselves.
     cls_id, sep_id: the vocabulary's special ids.
     refresh: swap in newer indexes between batches (False: stale-index ablation).
+
+  Attributes:
+    null_row: the null block's row (the number of blocks).
+    store: the ``BlockStore``.
+    bodies: per row, the body tokens with their closing ``[SEP]`` (read when indexed).
+    bodies_text: per row, the block's body text ("" for the null row): a list for block
+      dicts, read from the store's memory-mapped texts when indexed for a store.
   """
 
-  def __init__(self, blocks: List[Dict], model_config: configs.RealmModelConfig, handle,
+  def __init__(self, blocks, model_config: configs.RealmModelConfig, handle,
                cls_id: int, sep_id: int, refresh: bool = True, search_slack: int = 4):
     self.config = model_config
     self.k = model_config.num_candidates
     if len(blocks) < self.k:
       raise InputError(f"the corpus has {len(blocks)} blocks; REALM needs at least "
                        f"num_candidates={self.k}")
-    self.null_row = len(blocks)
-    self.uids = np.array([b["uid"] for b in blocks] + [""])
-    self.bodies_text = [b.get("body", "") for b in blocks] + [""]
     self.cls_id, self.sep_id = cls_id, sep_id
-    (self.block_word_ids, self.block_mask, self.block_type_ids,
-     self.bodies) = pack_blocks(blocks, model_config.retriever.block_seq_length, cls_id, sep_id)
+    if isinstance(blocks, block_store.BlockStore):
+      self.store = blocks
+      self.bodies_text = blocks.texts
+    else:
+      self.store = block_store.BlockStore.from_blocks(blocks, cls_id, sep_id)
+      self.bodies_text = [b.get("body", "") for b in blocks] + [""]
+    self.null_row = len(self.store)
+    self.bodies = _Bodies(self.store, sep_id)
     self.handle = handle
     self.refresh = refresh
     self.search_slack = search_slack
     self._query_tower = None
     self._snapshot = None
+
+  @classmethod
+  def from_blocks_dir(cls, blocks_dir: str, model_config: configs.RealmModelConfig, handle,
+                      cls_id: int, sep_id: int, store_dir: Optional[str] = None,
+                      **kwargs) -> "CandidateBuilder":
+    """A builder over the memory-mapped ``BlockStore`` of ``blocks_dir`` (built on first use,
+    in ``store_dir`` if given; see ``block_store.BlockStore.open``)."""
+    store = block_store.BlockStore.open(blocks_dir, store_dir=store_dir, cls_id=cls_id,
+                                        sep_id=sep_id)
+    return cls(store, model_config, handle, cls_id, sep_id, **kwargs)
+
+  def _packed(self, rows) -> Dict[str, np.ndarray]:
+    return self.store.gather_packed(rows, self.config.retriever.block_seq_length, self.cls_id,
+                                    self.sep_id)
+
+  # The whole corpus packed, as pack_blocks gives it: built when read, for small corpora.
+  @property
+  def block_word_ids(self) -> np.ndarray:
+    return self._packed(np.arange(self.null_row + 1))["input_word_ids"]
+
+  @property
+  def block_mask(self) -> np.ndarray:
+    return self._packed(np.arange(self.null_row + 1))["input_mask"]
+
+  @property
+  def block_type_ids(self) -> np.ndarray:
+    return self._packed(np.arange(self.null_row + 1))["input_type_ids"]
 
   # ---- retrieval ----
   def _query_embedder(self):
@@ -98,14 +157,17 @@ class CandidateBuilder:
 
   def non_trivial(self, ranked_row, source_uid) -> List[int]:
     """The ranked blocks whose uid is not the query's source uid, in order."""
-    uid = source_uid.decode() if isinstance(source_uid, bytes) else source_uid
-    return [int(b) for b in ranked_row if b >= 0 and self.uids[b] != uid]
+    ranked_row = np.asarray(ranked_row, np.int64).reshape(-1)
+    keep = (ranked_row >= 0) & ~self.store.same_uid(ranked_row, source_uid)
+    return [int(b) for b in ranked_row[keep]]
 
   def select_candidates(self, ranked_ids: np.ndarray, source_uids) -> np.ndarray:
     """Drops blocks with the query's source uid, puts the null row first, keeps k."""
+    ranked_ids = np.asarray(ranked_ids, np.int64)
     out = np.full([len(ranked_ids), self.k], self.null_row, np.int32)
-    for i, (row, uid) in enumerate(zip(ranked_ids, source_uids)):
-      kept = self.non_trivial(row, uid)[:self.k - 1]
+    keep = (ranked_ids >= 0) & ~self.store.same_uid(ranked_ids, list(source_uids))
+    for i, row in enumerate(ranked_ids):
+      kept = row[keep[i]][:self.k - 1]
       if len(kept) < self.k - 1:
         raise InputError(f"only {len(kept)} non-trivial blocks retrieved for query {i}; "
                          "search deeper (search_slack) or use a larger corpus")
@@ -126,25 +188,16 @@ class CandidateBuilder:
     if candidates is None:
       candidates = self.retrieve(query_ids, query_mask, examples["source_uid"])
     r_len = self.config.reader.seq_length
-    b, k = candidates.shape
-    reader_ids = np.zeros([b, k, r_len], np.int32)
-    reader_types = np.zeros([b, k, r_len], np.int32)
-    for i in range(b):
-      q = query_ids[i, :int(query_mask[i].sum())]
-      for j, row in enumerate(candidates[i]):
-        body = self.bodies[row][:r_len - len(q)]
-        if len(body) and body[-1] != self.sep_id:
-          body = np.concatenate([body[:-1], [self.sep_id]])
-        reader_ids[i, j, :len(q)] = q
-        reader_ids[i, j, len(q):len(q) + len(body)] = body
-        reader_types[i, j, len(q):len(q) + len(body)] = 1
+    b = candidates.shape[0]
+    reader_ids, reader_types = self.reader_inputs(query_ids, query_mask, candidates, r_len)
+    packed = self._packed(candidates)
     index_step = self.handle.step if self.handle is not None else 0
     return dict(
         query_word_ids=query_ids, query_mask=query_mask,
         query_type_ids=np.zeros_like(query_ids),
-        candidate_word_ids=self.block_word_ids[candidates],
-        candidate_mask=self.block_mask[candidates],
-        candidate_type_ids=self.block_type_ids[candidates],
+        candidate_word_ids=packed["input_word_ids"],
+        candidate_mask=packed["input_mask"],
+        candidate_type_ids=packed["input_type_ids"],
         reader_word_ids=reader_ids, reader_mask=(reader_ids > 0).astype(np.int32),
         reader_type_ids=reader_types,
         mlm_positions=examples["mlm_positions"].astype(np.int32),
@@ -152,6 +205,37 @@ class CandidateBuilder:
         mlm_weights=examples["mlm_weights"].astype(np.float32),
         candidate_rows=candidates.astype(np.int32),
         index_step=np.full([b], index_step, np.int32))
+
+  def reader_inputs(self, query_ids: np.ndarray, query_mask: np.ndarray, candidates: np.ndarray,
+                    seq_length: int):
+    """Reader ids and type ids ``[b, k, seq_length]``: ``[CLS] query [SEP] body [SEP]``.
+
+    The body is cut to fit, its last kept position set to ``[SEP]``; type ids 1 over the body.
+    """
+    b, k = candidates.shape
+    q_len = query_mask.sum(axis=1).astype(np.int64)                  # [b]
+    room = seq_length - q_len
+    if b and room.min() < 0:
+      raise InputError(f"queries of {q_len.max()} tokens do not fit the reader's "
+                       f"seq_length {seq_length}")
+    bodies, body_len = self.store.gather_bodies(candidates, None, self.sep_id)  # all of them
+    width = bodies.shape[-1]
+    take = np.minimum(body_len, room[:, None])                       # [b, k]
+    query = np.where(np.arange(seq_length)[None, :] < q_len[:, None],
+                     np.pad(query_ids, [(0, 0), (0, max(seq_length - query_ids.shape[1], 0))]
+                            )[:, :seq_length], 0).astype(np.int32)
+    ids = np.repeat(query[:, None, :], k, axis=1)
+    types = np.zeros([b, k, seq_length], np.int32)
+    # The last kept body id is [SEP]; the bodies go right after each query.
+    cut = np.arange(width)[None, None, :] == (take - 1)[:, :, None]
+    bodies = np.where(cut, self.sep_id, bodies)
+    keep = np.arange(width)[None, None, :] < take[:, :, None]
+    target = ((np.arange(b * k) * seq_length).reshape(b, k) + q_len[:, None])[:, :, None] + (
+        np.arange(width)[None, None, :])
+    target = target[keep]
+    ids.reshape(-1)[target] = bodies[keep]
+    types.reshape(-1)[target] = 1
+    return ids, types
 
 
 def feature_signature(config: configs.RealmModelConfig) -> Dict[str, tf.TensorSpec]:

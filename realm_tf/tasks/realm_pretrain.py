@@ -114,9 +114,9 @@ class RealmPretrainTask(base.RealmBaseTask):
   def _builder_over(self, blocks_dir, handle):
     cfg = self.task_config
     tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-    return candidates_lib.CandidateBuilder(
-        contract.read_blocks(blocks_dir), cfg.model, handle, tokenizer.cls_id,
-        tokenizer.sep_id, refresh=cfg.refresh_index)
+    return candidates_lib.CandidateBuilder.from_blocks_dir(
+        blocks_dir, cfg.model, handle, tokenizer.cls_id, tokenizer.sep_id,
+        refresh=cfg.refresh_index)
 
   def _loader(self, params):
     model = self.task_config.model
