@@ -17,6 +17,34 @@ def _random(n, d, seed=0):
   return np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
 
 
+def _clustered(n, d=128, num_clusters=400, seed=0):
+  """Gaussian clusters (unequal sizes and spreads) and queries near the data.
+
+  Unnormalized, as REALM's inner-product scores are; see bench_index_scale for the same.
+  """
+  rng = np.random.default_rng(seed)
+  centres = rng.standard_normal((num_clusters, d)).astype(np.float32)
+  spread = rng.uniform(0.3, 0.9, num_clusters).astype(np.float32)
+  weights = rng.lognormal(0.0, 1.0, num_clusters)
+  labels = rng.choice(num_clusters, n, p=weights / weights.sum())
+  emb = centres[labels] + spread[labels, None] * rng.standard_normal((n, d)).astype(np.float32)
+
+  def queries(m, seed):
+    r = np.random.default_rng(seed)
+    rows = r.integers(0, n, m)
+    noise = r.standard_normal((m, d)).astype(np.float32)
+    return emb[rows] + 0.5 * spread[labels[rows], None] * noise
+  return emb, queries
+
+
+def _tie_recall_numpy(queries, embeddings, ids, k=10):
+  """Recall@k against NumPy exact search; a result scoring at least the exact k-th counts."""
+  scores = queries @ embeddings.T
+  kth = np.sort(scores, axis=1)[:, -k][:, None]
+  got = np.take_along_axis(scores, ids[:, :k], 1)
+  return float((got >= kth - 1e-5 * np.maximum(1.0, np.abs(kth))).sum(1).mean() / k)
+
+
 def _numpy_topk(queries, embeddings, k):
   scores = queries @ embeddings.T
   ids = np.argsort(-scores, axis=1, kind="stable")[:, :k]
@@ -54,10 +82,18 @@ class ScannSettingsTest(tf.test.TestCase):
   def test_rule_by_size(self):
     s = mips_index.ScannSettings()
     self.assertEqual(s.resolve(100)["mode"], "brute_force")
-    self.assertEqual(s.resolve(100_000)["mode"], "ah")
+    self.assertEqual(s.resolve(10_000)["mode"], "ah")
+    self.assertEqual(s.resolve(100_000)["mode"], "tree_ah")
     big = s.resolve(1_000_000)
+    # 100 leaves: only the starting point; the build tunes it (and the reordering depth).
     self.assertEqual((big["mode"], big["num_leaves"], big["num_leaves_to_search"]),
                      ("tree_ah", 1000, 100))
+    self.assertTrue(big["tune_leaves"] and big["tune_reordering"])
+    self.assertEqual((big["reordering_dtype"], big["reordering_num_neighbors"]), ("int8", 1000))
+    fixed = mips_index.ScannSettings(num_leaves_to_search=7, reordering_num_neighbors=60,
+                                     target_recall=None).resolve(1_000_000)
+    self.assertEqual((fixed["num_leaves_to_search"], fixed["reordering_num_neighbors"],
+                      fixed["tune_leaves"], fixed["tune_reordering"]), (7, 60, False, False))
     self.assertEqual(s.resolve(13_353_718)["num_leaves"], 3654)
     forced = mips_index.ScannSettings(use_tree=True, num_leaves=40).resolve(5000)
     self.assertEqual((forced["num_leaves"], forced["num_leaves_to_search"]), (40, 4))
@@ -73,8 +109,7 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(
       ("brute_force", 500, mips_index.ScannSettings()),
       ("ah", 5000, mips_index.ScannSettings()),
-      ("tree_ah", 5000, mips_index.ScannSettings(use_tree=True, num_leaves=50,
-                                                 num_leaves_to_search=25)))
+      ("tree_ah", 5000, mips_index.ScannSettings(use_tree=True, num_leaves=50)))
   def test_save_load_round_trip(self, n, settings):
     emb, queries = _random(n, 32), _random(20, 32, seed=1)
     index = mips_index.ScannIndex.build(emb, settings)
@@ -126,6 +161,109 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     emb = np.ones([20, 4], np.float32)  # Every block ties with every other.
     index = mips_index.BruteForceIndex(emb)
     self.assertEqual(mips_index.measure_recall(index, emb, _random(3, 4), k=5), 1.0)
+
+  def test_tuned_index_on_clustered_vectors(self):
+    """Acceptance: the default build tunes itself to recall@10 >= 0.95 (NumPy exact search),
+    records the chosen leaves and depth, keeps < 200 bytes per block in the searcher (no float
+    copy), and a reload searches with the recorded values and returns the same results."""
+    n = 30_000
+    emb, make_queries = _clustered(n)
+    tune_q, test_q = make_queries(500, seed=1), make_queries(300, seed=2)
+    index = mips_index.ScannIndex.build(emb, tuning_queries=tune_q)
+    settings = index.settings()
+    self.assertEqual(settings["mode"], "tree_ah")
+    tuning = settings["tuning"]
+    leaves, reorder = settings["num_leaves_to_search"], settings["reordering_num_neighbors"]
+    self.assertTrue(tuning["target_reached"])
+    self.assertEqual((tuning["target_recall"], tuning["k"], tuning["query_source"]),
+                     (0.95, 10, "given"))
+    self.assertLess(leaves, settings["num_leaves"])  # A real choice, not "search everything".
+    self.assertLessEqual(reorder, settings["max_reordering_num_neighbors"])
+    ids, scores = index.search(tune_q, 10)
+    recall = _tie_recall_numpy(tune_q, emb, ids)
+    self.assertAlmostEqual(recall, tuning["recall"], places=3)
+    self.assertGreaterEqual(recall, 0.95)
+    held_out = _tie_recall_numpy(test_q, emb, index.search(test_q, 10)[0])
+    print(f"tuned ScaNN on {n} clustered: {leaves}/{settings['num_leaves']} leaves, reorder "
+          f"{reorder}; recall@10 {recall:.4f} (tuning), {held_out:.4f} (held out)")
+    self.assertGreaterEqual(held_out, 0.93)  # Fresh queries: the sample's recall, +- noise.
+    # One leaf fewer misses the target (the smallest that reaches it, up to sampling noise).
+    fewer = _tie_recall_numpy(tune_q, emb, index.search(
+        tune_q, 10, leaves_to_search=max(1, leaves - 1), reordering_num_neighbors=reorder)[0])
+    self.assertLess(fewer, 0.95 + tuning["margin"])
+
+    path = os.path.join(self.dir, "clustered")
+    index.save(path, {"corpus_fingerprint": "abc"})
+    manifest = mips_index.read_manifest(path)
+    self.assertEqual(manifest["settings"]["num_leaves_to_search"], leaves)
+    self.assertEqual(manifest["settings"]["reordering_num_neighbors"], reorder)
+    self.assertEqual(manifest["settings"]["tuning"]["recall"], tuning["recall"])
+    # Bytes per block of the searcher: its saved assets, the float embeddings excluded.
+    per_block = mips_index.searcher_bytes(path) / n
+    self.assertLess(per_block, 200)
+    scann_files = os.listdir(os.path.join(path, mips_index.SCANN_DIR))
+    self.assertNotIn("dataset.npy", scann_files)  # ScaNN's float32 copy.
+    self.assertIn("int8_dataset.npy", scann_files)
+    print(f"searcher bytes per block: {per_block:.1f} ({sorted(scann_files)})")
+
+    loaded = mips_index.load_index(path, expected_dim=128, expected_fingerprint="abc")
+    self.assertEqual(loaded.settings(), settings)
+    ids2, scores2 = loaded.search(tune_q, 10)
+    self.assertAllEqual(ids2, ids)
+    self.assertAllEqual(scores2, scores)
+    explicit, _ = loaded.search(tune_q, 10, leaves_to_search=leaves,
+                                reordering_num_neighbors=reorder)
+    self.assertAllEqual(explicit, ids)  # The reload searches with the recorded values.
+    self.assertAllEqual(loaded.search(tune_q[:1], 10)[0], ids[:1])
+    # Its float embeddings are a memory map of the saved file, not a resident copy.
+    self.assertIsInstance(loaded.embeddings, np.memmap)
+    self.assertAllEqual(loaded.embeddings[ids[0]], emb[ids[0]])
+    self.assertIsInstance(index.embeddings, np.memmap)  # After save, the built one's too.
+
+  def test_tuning_on_own_rows_and_fixed_values(self):
+    """Without queries the build tunes on sample rows (each leaving itself out); values given
+    explicitly are kept; no target: no tuning."""
+    emb, make_queries = _clustered(20_000, d=32, num_clusters=200, seed=3)
+    index = mips_index.ScannIndex.build(emb, mips_index.ScannSettings(tuning_queries=300))
+    tuning = index.settings()["tuning"]
+    self.assertEqual((tuning["query_source"], tuning["queries"]), ("embeddings", 300))
+    self.assertGreaterEqual(tuning["recall"], 0.95)
+    test_q = make_queries(300, seed=4)
+    self.assertGreaterEqual(_tie_recall_numpy(test_q, emb, index.search(test_q, 10)[0]), 0.93)
+    fixed = mips_index.ScannIndex.build(emb, mips_index.ScannSettings(
+        num_leaves_to_search=5, tuning_queries=100)).settings()
+    self.assertEqual(fixed["num_leaves_to_search"], 5)
+    self.assertIn("tuning", fixed)  # The reordering depth is still tuned.
+    off = mips_index.ScannIndex.build(emb, mips_index.ScannSettings(target_recall=None))
+    self.assertNotIn("tuning", off.settings())
+    self.assertEqual(off.settings()["reordering_num_neighbors"], 1000)
+    with self.assertRaisesRegex(ValueError, "reordering_dtype"):
+      mips_index.ScannSettings(reordering_dtype="int4").resolve(5000)
+
+  def test_handle_serves_memory_mapped_embeddings(self):
+    """IndexHandle: no float32 copy resident in either index around a swap; embeddings() is a
+    read-only memory map of the current index's file."""
+    from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+    index_dir = os.path.join(self.dir, "index")
+    first, second = _random(3000, 16, seed=5), _random(3000, 16, seed=6)
+    publish.publish(mips_index.ScannIndex.build(first), index_dir, 1)
+    handle = handle_lib.IndexHandle(index_dir, expected_dim=16, poll_seconds=0.05)
+    self.addCleanup(handle.close)
+    handle.wait_for_first()
+    table = handle.embeddings()
+    self.assertIsInstance(table, np.memmap)
+    self.assertFalse(table.flags.writeable)
+    self.assertAllEqual(table[[3, 7]], first[[3, 7]])
+    publish.publish(mips_index.ScannIndex.build(second), index_dir, 2)
+    deadline = time.time() + 30
+    while not handle.maybe_swap():
+      self.assertLess(time.time(), deadline)
+      time.sleep(0.05)
+    self.assertEqual(handle.step, 2)
+    self.assertIsInstance(handle.index._embeddings, np.memmap)  # pylint: disable=protected-access
+    self.assertAllEqual(handle.embeddings()[[3, 7]], second[[3, 7]])
+    self.assertAllEqual(table[[3, 7]], first[[3, 7]])  # The old map stays valid.
 
   def test_default_recall_on_100k_random_vectors(self):
     """Acceptance: recall@10 >= 0.95 with the default settings, 100,000 x 128 Gaussian."""

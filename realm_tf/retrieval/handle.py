@@ -13,6 +13,17 @@ never sees an index change half-way and never waits for a load. Example::
       ids, scores = handle.search(query_embeddings, k=8)
       staleness = step - handle.step
     handle.close()
+
+Memory: a background load puts the next index beside the current one until ``maybe_swap``
+drops the old, so the peak is two searchers. Neither holds a float32 copy of the embeddings:
+a ScaNN searcher holds its codes and int8 reordering rows (~176 bytes per 128-d block by
+default, ``mips_index.searcher_bytes``), and the float32 ``embeddings.npy`` of each index is
+only memory-mapped (``embeddings()``, and the search's exact rescoring of its 100 best int8
+candidates), read through the page cache as rows are touched. The peak resident is thus
+~2 x 176 B x num_blocks (~4.7 GB at REALM's 13.3M blocks) plus the page-cache rows read
+(shared, evictable), where two float32 copies would be 2 x 512 B x num_blocks (13.6 GB). A
+brute-force index is its embeddings: it memory-maps them too, and the page cache holds what
+its scans read.
 """
 
 import os
@@ -72,8 +83,11 @@ class IndexHandle:
   # Loading ----------------------------------------------------------------------------------
 
   def _load(self, path: str) -> _Loaded:
+    # The embeddings are memory-mapped at load (not read): the mapping stays valid if the
+    # directory is pruned while this index is still in use.
     return _Loaded(path, mips_index.load_index(path, expected_dim=self.expected_dim,
-                                               expected_fingerprint=self.expected_fingerprint))
+                                               expected_fingerprint=self.expected_fingerprint,
+                                               load_embeddings=True))
 
   def _try_load_latest(self, newer_than: Optional[int]) -> Optional[_Loaded]:
     """The index ``LATEST`` names if it is newer than ``newer_than``; None if none/transient."""
@@ -171,12 +185,17 @@ class IndexHandle:
     return self._loaded().index
 
   def embeddings(self) -> np.ndarray:
-    """The current index's block embeddings, float32 ``[num_blocks, dim]`` (row = block id)."""
+    """The current index's block embeddings, float32 ``[num_blocks, dim]`` (row = block id).
+
+    A read-only memory map of the index's ``embeddings.npy`` (no copy is read into memory;
+    gathering rows reads just those), or the in-memory array of an index built in-process.
+    """
     loaded = self._loaded()
     try:
-      return np.asarray(loaded.index.embeddings, np.float32)
+      table = loaded.index.embeddings
     except ValueError:
-      return np.load(os.path.join(loaded.path, mips_index.EMBEDDINGS_NAME)).astype(np.float32)
+      table = np.load(os.path.join(loaded.path, mips_index.EMBEDDINGS_NAME), mmap_mode="r")
+    return table if table.dtype == np.float32 else np.asarray(table, np.float32)
 
   @property
   def step(self) -> int:

@@ -50,7 +50,10 @@ class BuildOptions:
       ``brute_force``.
     scann: ScaNN settings (defaults in ``mips_index.ScannSettings``).
     batch_size: global batch size of the corpus embedding.
-    recall_queries: number of sample queries for the recall@10 measurement (0: skip).
+    recall_queries: number of sample queries for the recall@10 measurement (0: skip). When
+      it is measured, ScaNN also tunes itself (``scann.target_recall``) on
+      ``scann.tuning_queries`` other sample blocks' query-tower embeddings; otherwise on rows
+      of the embeddings.
     keep: indexes kept in ``index_dir``.
     tensorboard_dir: where build summaries go (default ``index_dir/tensorboard``; "" for none).
     progress: show progress bars.
@@ -216,19 +219,46 @@ class Refresher:
         self._writer = tf.summary.create_file_writer(logdir)
     return self._writer
 
-  def measure_recall(self, index: mips_index.MipsIndex, embeddings: np.ndarray) -> Optional[float]:
-    """Recall@10 of ``index`` against exact search, on query-tower embeddings of sample blocks."""
+  def sample_queries(self, num: int) -> np.ndarray:
+    """Query-tower embeddings of the first ``num`` sample blocks (fewer in a small corpus)."""
+    inputs = corpus_embedding.sample_query_inputs(self.blocks_dir, num,
+                                                  self.config.retriever.query_seq_length,
+                                                  self.config.vocab_file, self.config.lower_case)
+    return np.concatenate([
+        self._embed_query({k: v[i:i + 128] for k, v in inputs.items()}).numpy()
+        for i in range(0, int(inputs["input_word_ids"].shape[0]), 128)])
+
+  def _split_queries(self, num_blocks: int):
+    """``(tuning queries or None, measurement queries or None)`` for one build.
+
+    ScaNN tunes its leaves and reordering depth on query-tower embeddings (the queries it
+    will really see) when the recall is measured at all; the measurement uses other sample
+    blocks than the tuning, so the recorded recall is a held-out one.
+    """
+    opts = self.options
+    num_measure = opts.recall_queries
+    if num_measure <= 0 or opts.index_type != "scann":  # Brute force: recall 1.0, no queries.
+      return None, None
+    tunes = opts.scann.target_recall is not None and num_blocks >= opts.scann.brute_force_below
+    num_tune = opts.scann.tuning_queries if tunes else 0
+    queries = self.sample_queries(num_tune + num_measure)
+    if not num_tune:
+      return None, queries
+    num_measure = min(num_measure, max(1, len(queries) // 2))
+    tune = queries[:len(queries) - num_measure]
+    return (tune if len(tune) else None), queries[len(queries) - num_measure:]
+
+  def measure_recall(self, index: mips_index.MipsIndex, embeddings: np.ndarray,
+                     queries: Optional[np.ndarray] = None) -> Optional[float]:
+    """Recall@10 of ``index`` against exact search, on query-tower embeddings of sample blocks
+    (``queries``, or the first ``recall_queries`` sample blocks)."""
     num = self.options.recall_queries
     if num <= 0:
       return None
     if isinstance(index, mips_index.BruteForceIndex):
       return 1.0
-    inputs = corpus_embedding.sample_query_inputs(self.blocks_dir, num,
-                                                  self.config.retriever.query_seq_length,
-                                                  self.config.vocab_file, self.config.lower_case)
-    queries = np.concatenate([
-        self._embed_query({k: v[i:i + 128] for k, v in inputs.items()}).numpy()
-        for i in range(0, int(inputs["input_word_ids"].shape[0]), 128)])
+    if queries is None:
+      queries = self.sample_queries(num)
     return mips_index.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_blocks))
 
   def build(self, checkpoint_path: str, embeddings: Optional[np.ndarray] = None,
@@ -274,9 +304,11 @@ class Refresher:
           f"embeddings have dimension {table.shape[1]} but the model's projection_size is "
           f"{expected_dim}")
     embedded = time.time()
-    index = mips_index.build_index(table, opts.index_type, opts.scann)
+    tune_queries, measure_queries = self._split_queries(num_blocks)
+    index = mips_index.build_index(table, opts.index_type, opts.scann,
+                                   tuning_queries=tune_queries)
     built = time.time()
-    recall = self.measure_recall(index, table)
+    recall = self.measure_recall(index, table, measure_queries)
     metadata = {
         "corpus_fingerprint": self.blocks_manifest["fingerprint"],
         "blocks_dir": os.path.abspath(self.blocks_dir),
@@ -286,7 +318,9 @@ class Refresher:
         "embed_seconds": round(embedded - restored, 3),
         "index_build_seconds": round(built - embedded, 3),
         f"recall_at_{RECALL_K}": recall,
-        "recall_queries": opts.recall_queries if recall is not None else 0,
+        "recall_queries": (0 if recall is None else
+                           len(measure_queries) if measure_queries is not None else
+                           opts.recall_queries),
     }
     if embeddings_file:
       metadata["embeddings_file"] = (embeddings_file if "://" in embeddings_file
