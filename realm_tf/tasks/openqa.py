@@ -128,10 +128,9 @@ class OpenQaTask(base.RealmBaseTask):
 
   def initialize(self, model: OpenQaModel):
     cfg = self.task_config
-    towers = dict(query_embedder=model.query_embedder)
     sources = [(cfg.init_checkpoint, dict(query_embedder=model.query_embedder,
                                           reader=model.reader)),
-               (cfg.retriever_init_checkpoint, towers),
+               (cfg.retriever_init_checkpoint, dict(query_embedder=model.query_embedder)),
                (cfg.reader_init_checkpoint, dict(reader=model.reader))]
     for path, items in sources:
       if path:
