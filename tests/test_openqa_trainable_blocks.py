@@ -14,6 +14,7 @@ from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
+from realm_tf.data import block_store
 from realm_tf.data import contract
 from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import inputs as inputs_lib
@@ -52,6 +53,7 @@ def corpus(tmp_path_factory):
                for b in bodies[:4]]
   return dict(root=root, vocab=vocab, tokenizer=tokenizer, bodies=bodies, config=config,
               block_inputs=dict(zip(("word_ids", "mask", "type_ids"), packed[:3])),
+              store=block_store.BlockStore.open(blocks_dir),
               questions=questions)
 
 
@@ -67,8 +69,8 @@ def test_builder_adds_block_inputs_and_swaps_indexes(corpus, tmp_path):
   builder = inputs_lib.OpenQaInputBuilder(
       corpus["bodies"], handle.embeddings(), handle.search, corpus["tokenizer"],
       query_seq_length=LQ, reader_seq_length=LR, retriever_beam_size=BEAM,
-      reader_beam_size=READ, block_inputs=corpus["block_inputs"], trainable_blocks=FRESH,
-      handle=handle)
+      reader_beam_size=READ, blocks=corpus["store"], block_seq_length=LB,
+      trainable_blocks=FRESH, handle=handle)
   queries = np.random.default_rng(9).standard_normal((4, DIM)).astype(np.float32)
   for step in (1, 2):
     f = builder.features(corpus["questions"], queries)
@@ -104,7 +106,8 @@ def test_model_embeds_the_top_of_the_beam_with_the_block_tower(corpus):
   builder = inputs_lib.OpenQaInputBuilder(
       corpus["bodies"], _embeddings(1), mips_index.BruteForceIndex(_embeddings(1)).search,
       tokenizer, query_seq_length=LQ, reader_seq_length=LR, retriever_beam_size=BEAM,
-      reader_beam_size=READ, block_inputs=corpus["block_inputs"], trainable_blocks=FRESH)
+      reader_beam_size=READ, blocks=corpus["store"], block_seq_length=LB,
+      trainable_blocks=FRESH)
   f = {k: tf.constant(v) for k, v in builder.features(corpus["questions"], queries).items()}
   with tf.GradientTape() as tape:
     out = model(f, training=False)

@@ -200,9 +200,9 @@ class OpenQaInputBuilder:
     retriever_beam_size, reader_beam_size: the beam and how many of its top blocks are read.
     max_gold_spans: gold spans kept per read block (more are counted in ``spans_dropped``).
     titles: the block titles (for showing evidence), indexed by block id.
-    block_inputs: for a trainable block tower, the packed block-tower inputs of every block
-      (``word_ids``, ``mask``, ``type_ids``: int ``[num_blocks, Lb]``); the top
-      ``trainable_blocks`` of each beam then also get ``beam_block_*`` features.
+    blocks: for a trainable block tower, the corpus as a ``block_store.BlockStore``; the top
+      ``trainable_blocks`` of each beam then also get ``beam_block_*`` features, their
+      block-tower inputs at ``block_seq_length``, gathered per batch.
     handle: the ``IndexHandle`` that ``search`` goes through, for ``maybe_swap``.
   """
 
@@ -210,7 +210,7 @@ class OpenQaInputBuilder:
                tokenizer, query_seq_length: int, reader_seq_length: int,
                retriever_beam_size: int, reader_beam_size: int, max_gold_spans: int = 32,
                titles: Optional[Sequence[str]] = None,
-               block_inputs: Optional[Dict[str, np.ndarray]] = None, trainable_blocks: int = 0,
+               blocks=None, block_seq_length: int = 0, trainable_blocks: int = 0,
                handle=None):
     if len(bodies) != len(embeddings):
       raise ValueError(f"{len(bodies)} blocks but {len(embeddings)} block embeddings")
@@ -230,12 +230,13 @@ class OpenQaInputBuilder:
     self.beam = retriever_beam_size
     self.read = reader_beam_size
     self.max_gold_spans = max_gold_spans
-    if trainable_blocks and block_inputs is None:
-      raise ValueError("trainable_blocks needs block_inputs")
+    if trainable_blocks and (blocks is None or block_seq_length <= 0):
+      raise ValueError("trainable_blocks needs blocks and block_seq_length")
     if not 0 <= trainable_blocks <= retriever_beam_size:
       raise ValueError(f"trainable_blocks {trainable_blocks} is not in [0, retriever_beam_size "
                        f"{retriever_beam_size}]")
-    self.block_inputs = block_inputs
+    self.blocks = blocks
+    self.block_seq_length = block_seq_length
     self.trainable_blocks = trainable_blocks
     self.handle = handle
     self._blocks: Dict[int, BlockText] = {}
@@ -332,9 +333,9 @@ class OpenQaInputBuilder:
         question_index=np.asarray(question_indices if question_indices is not None
                                   else np.full([n], -1), np.int32))
     if self.trainable_blocks:
-      top = ids[:, :self.trainable_blocks]
-      features.update({f"beam_block_{k}": v[top].astype(np.int32)
-                       for k, v in self.block_inputs.items()})
+      packed = self.blocks.gather_packed(ids[:, :self.trainable_blocks], self.block_seq_length,
+                                         self.tokenizer.cls_id, self.tokenizer.sep_id)
+      features.update({f"beam_block_{k[6:]}": v for k, v in packed.items()})
     return features
 
   def _answer_ids(self, questions: Sequence[Question]) -> List[List[np.ndarray]]:

@@ -52,6 +52,7 @@ from official.core import task_factory
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
+from realm_tf.data import block_store
 from realm_tf.data import contract
 from realm_tf.data import loaders
 from realm_tf.data import qa as qa_lib
@@ -59,7 +60,6 @@ from realm_tf.modeling import losses
 from realm_tf.modeling import openqa_losses
 from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import inputs as inputs_lib
-from realm_tf.retrieval import candidates as candidates_lib
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import mips_index
 from realm_tf.tasks import base
@@ -368,12 +368,9 @@ def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optiona
   texts = contract.read_block_fields(blocks_dir, fields=("title", "body"))
   bodies = [texts[i]["body"] for i in range(len(texts))]
   tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-  block_inputs = None
-  if trainable:   # the block tower's view of every block, packed as the refresher packs it
-    packed = candidates_lib.pack_blocks(contract.read_blocks(blocks_dir),
-                                        cfg.model.retriever.block_seq_length,
-                                        tokenizer.cls_id, tokenizer.sep_id)
-    block_inputs = dict(zip(("word_ids", "mask", "type_ids"), packed[:3]))
+  # The block tower's view of the beam, packed per batch as the refresher packs the corpus.
+  blocks = (block_store.BlockStore.open(blocks_dir, cls_id=tokenizer.cls_id,
+                                        sep_id=tokenizer.sep_id) if trainable else None)
   logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
   return inputs_lib.OpenQaInputBuilder(
       bodies, handle.embeddings(), handle.search, tokenizer,
@@ -382,4 +379,5 @@ def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optiona
       retriever_beam_size=retriever_beam_size or min(cfg.retriever_beam_size, len(bodies)),
       reader_beam_size=reader_beam_size or cfg.reader_beam_size,
       max_gold_spans=cfg.max_gold_spans, titles=[texts[i]["title"] for i in range(len(texts))],
-      block_inputs=block_inputs, trainable_blocks=cfg.trainable_blocks, handle=handle)
+      blocks=blocks, block_seq_length=cfg.model.retriever.block_seq_length,
+      trainable_blocks=cfg.trainable_blocks, handle=handle)
