@@ -37,12 +37,21 @@ def _clustered(n, d=128, num_clusters=400, seed=0):
   return emb, queries
 
 
-def _tie_recall_numpy(queries, embeddings, ids, k=10):
-  """Recall@k against NumPy exact search; a result scoring at least the exact k-th counts."""
+def _tie_recalls_numpy(queries, embeddings, ids, k=10):
+  """Per-query recall@k against NumPy exact search; a result scoring at least the exact k-th
+  counts."""
   scores = queries @ embeddings.T
   kth = np.sort(scores, axis=1)[:, -k][:, None]
   got = np.take_along_axis(scores, ids[:, :k], 1)
-  return float((got >= kth - 1e-5 * np.maximum(1.0, np.abs(kth))).sum(1).mean() / k)
+  return (got >= kth - 1e-5 * np.maximum(1.0, np.abs(kth))).sum(1) / k
+
+
+def _tie_recall_numpy(queries, embeddings, ids, k=10):
+  return float(_tie_recalls_numpy(queries, embeddings, ids, k).mean())
+
+
+def _lower_bound_numpy(per_query, z):
+  return per_query.mean() - z * per_query.std(ddof=1) / np.sqrt(len(per_query))
 
 
 def _numpy_topk(queries, embeddings, k):
@@ -170,7 +179,7 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     copy), and a reload searches with the recorded values and returns the same results."""
     n = 30_000
     emb, make_queries = _clustered(n)
-    tune_q, test_q = make_queries(500, seed=1), make_queries(300, seed=2)
+    tune_q, test_q = make_queries(2000, seed=1), make_queries(2000, seed=2)
     index = mips_index.ScannIndex.build(emb, tuning_queries=tune_q)
     settings = index.settings()
     self.assertEqual(settings["mode"], "tree_ah")
@@ -182,17 +191,23 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     self.assertLess(leaves, settings["num_leaves"])  # A real choice, not "search everything".
     self.assertLessEqual(reorder, settings["max_reordering_num_neighbors"])
     ids, scores = index.search(tune_q, 10)
-    recall = _tie_recall_numpy(tune_q, emb, ids)
+    per_query = _tie_recalls_numpy(tune_q, emb, ids)
+    recall, bound = per_query.mean(), _lower_bound_numpy(per_query, tuning["confidence"])
     self.assertAlmostEqual(recall, tuning["recall"], places=3)
-    self.assertGreaterEqual(recall, 0.95)
+    self.assertAlmostEqual(bound, tuning["recall_lower_bound"], places=3)
+    self.assertEqual(tuning["confidence"], 2.0)
+    self.assertGreaterEqual(bound, 0.95 + tuning["margin"])
     held_out = _tie_recall_numpy(test_q, emb, index.search(test_q, 10)[0])
     print(f"tuned ScaNN on {n} clustered: {leaves}/{settings['num_leaves']} leaves, reorder "
-          f"{reorder}; recall@10 {recall:.4f} (tuning), {held_out:.4f} (held out)")
-    self.assertGreaterEqual(held_out, 0.93)  # Fresh queries: the sample's recall, +- noise.
-    # One leaf fewer misses the target (the smallest that reaches it, up to sampling noise).
-    fewer = _tie_recall_numpy(tune_q, emb, index.search(
+          f"{reorder}; recall@10 {recall:.4f} (tuning, lower bound {bound:.4f}), "
+          f"{held_out:.4f} (held out)")
+    # Fresh queries reach the target: the lower bound holds (five builds: 0.959-0.963 on
+    # 3,000 fresh queries; 2,000 estimate it to +- 0.004, one standard error).
+    self.assertGreaterEqual(held_out, 0.945)
+    # One leaf fewer misses the aim (the smallest that reaches it, on the same sample).
+    fewer = _tie_recalls_numpy(tune_q, emb, index.search(
         tune_q, 10, leaves_to_search=max(1, leaves - 1), reordering_num_neighbors=reorder)[0])
-    self.assertLess(fewer, 0.95 + tuning["margin"])
+    self.assertLess(_lower_bound_numpy(fewer, tuning["confidence"]), 0.95 + tuning["margin"])
 
     path = os.path.join(self.dir, "clustered")
     index.save(path, {"corpus_fingerprint": "abc"})
@@ -226,12 +241,13 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     """Without queries the build tunes on sample rows (each leaving itself out); values given
     explicitly are kept; no target: no tuning."""
     emb, make_queries = _clustered(20_000, d=32, num_clusters=200, seed=3)
-    index = mips_index.ScannIndex.build(emb, mips_index.ScannSettings(tuning_queries=300))
+    index = mips_index.ScannIndex.build(emb)
     tuning = index.settings()["tuning"]
-    self.assertEqual((tuning["query_source"], tuning["queries"]), ("embeddings", 300))
-    self.assertGreaterEqual(tuning["recall"], 0.95)
-    test_q = make_queries(300, seed=4)
-    self.assertGreaterEqual(_tie_recall_numpy(test_q, emb, index.search(test_q, 10)[0]), 0.93)
+    self.assertEqual((tuning["query_source"], tuning["queries"]), ("embeddings", 2000))
+    self.assertGreaterEqual(tuning["recall_lower_bound"], 0.95 + tuning["margin"])
+    # Fresh queries near the data (four builds: 0.952-0.958 on 3,000; +- 0.004 at 2,000).
+    test_q = make_queries(2000, seed=4)
+    self.assertGreaterEqual(_tie_recall_numpy(test_q, emb, index.search(test_q, 10)[0]), 0.94)
     fixed = mips_index.ScannIndex.build(emb, mips_index.ScannSettings(
         num_leaves_to_search=5, tuning_queries=100)).settings()
     self.assertEqual(fixed["num_leaves_to_search"], 5)
