@@ -192,6 +192,12 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
       answer, by ORQA's ``HasAnswer``) and ``qa_questions``. Empty: no QA recall.
     qa_answer_type: ``regex`` (CuratedTrec's patterns) or ``text`` for every question of
       ``qa_eval_path``; empty: as its records say.
+    retrieval: where training retrieves. ``host``: the query-tower snapshot of the index
+      embeds the queries on the host and its ScaNN index searches them
+      (``retrieval.candidates``). ``device``: the index's embeddings and the corpus's ids are
+      sharded over the replicas and each step retrieves exactly with the current query tower
+      (``retrieval.device_retrieval``); newer indexes are swapped in between training loops
+      (``trainer.steps_per_loop``).
 
   Validation (``validation_data``: held-out masked sentences) retrieves exactly, over the
   whole corpus embedded with the current block tower: it measures the model, not the
@@ -209,7 +215,7 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   recall_at: int = 5
   qa_eval_path: str = ""
   qa_answer_type: str = ""
-
+  retrieval: str = "host"
 
 
 @dataclasses.dataclass

@@ -48,6 +48,9 @@ class RealmTrainer(base_trainer.Trainer):
     self.last_train_logs: Dict[str, float] = {}
 
   def train_loop_begin(self):
+    before = getattr(self.task, "before_train_loop", None)
+    if before is not None:
+      before(self.model)   # e.g. REALM's device retrieval swapping in a newer index
     self._loop_start, self._loop_step = time.time(), int(self.global_step.numpy())
     return super().train_loop_begin()
 

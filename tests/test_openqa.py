@@ -514,7 +514,7 @@ def test_official_exact_match_from_wordpiece_positions(tiny):
 
 def test_mirrored_strategy_matches_one_device(tiny):
   config, task, f = tiny["config"], tiny["task"], _tensors(tiny["features"])
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  strategy = testing.two_cpu_strategy()
   assert strategy.num_replicas_in_sync == 2
   single = OpenQaModel.from_config_dataclass(config)
   single.set_weights(tiny["model"].get_weights())

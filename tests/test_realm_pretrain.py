@@ -13,6 +13,7 @@ from realm_tf.data.loaders import InputError
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer, tower_inputs
 from realm_tf.retrieval import candidates
+from realm_tf.retrieval import testing
 from realm_tf.tasks import realm_pretrain
 
 VOCAB, CLS, SEP, MASK = 40, 2, 3, 4
@@ -236,7 +237,7 @@ class MarginalLossTest(tf.test.TestCase):
 
   def test_mirrored_strategy_matches_default(self):
     features, _ = self.features()
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    strategy = testing.two_cpu_strategy()
     self.assertEqual(strategy.num_replicas_in_sync, 2)
     with strategy.scope():
       mirrored = RealmPretrainer.from_config_dataclass(self.config)

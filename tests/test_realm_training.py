@@ -193,6 +193,32 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
   assert metrics["index_age"] > 3   # steps 4..6 all used the step-0 index
 
 
+def test_device_retrieval_with_refresher(prepared, ict_dir):
+  """``task.retrieval: device``: the trainer retrieves in the step from the refresher's
+  indexes (swapped in between loops); a bad value is refused by name."""
+  p, root = prepared, prepared["root"]
+  model_dir, index_dir = str(root / "realm_device"), str(root / "realm_device_index")
+  refresher = start_refresher(model_dir, index_dir, p["blocks"])
+  try:
+    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+        p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
+              "task.retrieval": "device", "trainer.train_steps": 6}))
+    metrics = train_lib.run_experiment(params, model_dir)
+    output, _ = refresher.communicate(timeout=120)
+  finally:
+    refresher.kill()
+  assert refresher.returncode == 0, output[-2000:]
+  assert {"training_loss", "mlm_accuracy", "retrieval_utility", "index_age"} <= set(metrics)
+  assert np.isfinite(metrics["training_loss"]) and metrics["training_loss"] > 0
+  # Steps 4-6 retrieved with the index of ckpt-0 or ckpt-3, never one newer than the step.
+  assert 0 <= metrics["index_age"] <= 5
+  assert publish.latest_step(index_dir) == 6
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.retrieval": "tpu"}))
+  with pytest.raises(ValueError, match="task.retrieval must be 'host' or 'device'"):
+    realm_pretrain.RealmPretrainTask(params.task)
+
+
 def test_clear_errors(prepared, ict_dir):
   p, root = prepared, prepared["root"]
   # No index at all: a timeout that says what to run.

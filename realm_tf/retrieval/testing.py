@@ -1,5 +1,6 @@
 """Tiny model directories and corpora for the retrieval tests, benchmarks and demos."""
 
+import functools
 import os
 import re
 from typing import List, Optional, Sequence, Tuple
@@ -17,6 +18,14 @@ WORDS = ("the a of and in to is was by for on as with from at river city king wa
          "paris france london river mountain science physics album band film actor born "
          "capital island ocean history empire language painter novel poem church railway "
          "station team football player season election party president museum bridge").split()
+
+
+@functools.lru_cache(maxsize=None)
+def two_cpu_strategy() -> tf.distribute.MirroredStrategy:
+  """One ``MirroredStrategy`` over the logical ``/cpu:0`` and ``/cpu:1`` (tests/conftest.py
+  splits the CPU) for a whole process: two strategies over the same devices would reuse the
+  same collective keys, and an all-gather of one type then meets another's all-reduce."""
+  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
 def write_vocab(path: str, texts: Sequence[str] = ()) -> str:

@@ -1,8 +1,11 @@
-"""The REALM pre-training task: retrieve (host) -> rescore + read + marginalize (device).
+"""The REALM pre-training task: retrieve -> rescore + read + marginalize (device).
 
 Training inputs retrieve through the index that ``realm-refresh`` publishes in ``index_dir``
-(swapped between batches as newer ones appear, unless ``refresh_index`` is off: the
-stale-index ablation). Validation measures the model on held-out masked sentences, retrieving
+(swapped in as newer ones appear, unless ``refresh_index`` is off: the stale-index ablation).
+With ``retrieval: host`` the host pipeline retrieves (``candidates.CandidateBuilder``, swaps
+between batches); with ``retrieval: device`` the host only parses the masked examples and
+each step retrieves on the replicas (``device_retrieval.DeviceRetriever``, swaps between
+training loops). Validation measures the model on held-out masked sentences, retrieving
 exactly over the corpus embedded with the current block tower at the start of each pass:
 
 * ``recall@k``: zero-shot retrieval recall on the masked sentences: does one of the top-k
@@ -29,6 +32,7 @@ from official.core import task_factory
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
+from realm_tf.data import block_store
 from realm_tf.data import contract
 from realm_tf.data import loaders
 from realm_tf.data import qa as qa_lib
@@ -36,6 +40,7 @@ from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.openqa import inputs as openqa_inputs
 from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.retrieval import device_retrieval
 from realm_tf.tasks import base
 from realm_tf.tokenization import RealmTokenizer
 
@@ -66,7 +71,12 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
     super().__init__(params, logging_dir=logging_dir, name=name)
+    if params.retrieval not in ("host", "device"):
+      raise ValueError(f"task.retrieval must be 'host' or 'device', got {params.retrieval!r}")
     self._builder = None           # training: retrieves through the published index
+    self._device = None            # retrieval: device: the sharded corpus and its index
+    self._device_handle = None
+    self._corpus = None            # retrieval: device: (store, uid groups), opened once
     self._eval_builder = None      # validation: exact retrieval with the current towers
     self._eval_loader = None
     self._eval_features = None
@@ -129,6 +139,8 @@ class RealmPretrainTask(base.RealmBaseTask):
     if not params.is_training:
       return self._validation_inputs(params, input_context, signature)
     examples = self._loader(params).load(input_context)
+    if self.task_config.retrieval == "device":
+      return self._device_inputs(examples, signature)
 
     def generate():
       # Built at the first batch, not here: the first index needs ckpt-0, which the trainer
@@ -144,6 +156,69 @@ class RealmPretrainTask(base.RealmBaseTask):
 
     return tf.data.Dataset.from_generator(
         generate, output_signature={k: signature[k] for k in DEVICE_FEATURES}).prefetch(1)
+
+  # ---- retrieval: device ----
+  def _device_corpus(self):
+    """The block store of ``train_data.blocks_dir`` and its uid groups (opened once)."""
+    if self._corpus is None:
+      cfg = self.task_config
+      tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+      store = block_store.BlockStore.open(cfg.train_data.blocks_dir, cls_id=tokenizer.cls_id,
+                                          sep_id=tokenizer.sep_id)
+      self._corpus = store, device_retrieval.uid_groups(store)
+    return self._corpus
+
+  def _device_inputs(self, examples, signature):
+    """The host's share with ``retrieval: device``: the parsed queries and their source
+    blocks' uid groups; the step retrieves (``device_retrieval.HOST_FEATURES``)."""
+    signature = dict(signature, source_group=tf.TensorSpec([None], tf.int32))
+    q_len = self.task_config.model.retriever.query_seq_length
+
+    def generate():
+      store, groups = self._device_corpus()
+      for batch in examples.as_numpy_iterator():
+        if batch["query_ids"].shape[1] != q_len:
+          raise loaders.InputError(
+              f"masked examples have query length {batch['query_ids'].shape[1]} but the "
+              f"model's query_seq_length is {q_len}; rebuild the examples with "
+              "--query_seq_length or change the config")
+        query_ids = batch["query_ids"].astype(np.int32)
+        yield dict(
+            query_word_ids=query_ids, query_mask=batch["query_mask"].astype(np.int32),
+            query_type_ids=np.zeros_like(query_ids),
+            mlm_positions=batch["mlm_positions"].astype(np.int32),
+            mlm_ids=batch["mlm_ids"].astype(np.int32),
+            mlm_weights=batch["mlm_weights"].astype(np.float32),
+            source_group=device_retrieval.source_groups(
+                store, groups, batch["source_block_id"], batch.get("source_uid")))
+
+    return tf.data.Dataset.from_generator(
+        generate, output_signature={k: signature[k] for k in device_retrieval.HOST_FEATURES}
+    ).prefetch(1)
+
+  def before_train_loop(self, model):
+    """Called by the trainer on the host before each training loop (under the strategy's
+    scope). With ``retrieval: device``: builds the sharded corpus on the first call, waiting
+    for the first index, and swaps in a newer index's embeddings on later ones."""
+    del model
+    cfg = self.task_config
+    if cfg.retrieval != "device":
+      return
+    from realm_tf.retrieval.handle import IndexHandle  # pylint: disable=g-import-not-at-top
+    if self._device is None:
+      store, groups = self._device_corpus()
+      handle = IndexHandle(cfg.index_dir, expected_fingerprint=store.fingerprint,
+                           expected_dim=cfg.model.retriever.projection_size,
+                           wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index)
+      handle.wait_for_first()
+      self._device = device_retrieval.DeviceRetriever(store, cfg.model, store.cls_id,
+                                                      store.sep_id, groups=groups)
+      self._device_handle = handle
+    elif not (cfg.refresh_index and self._device_handle.maybe_swap()):
+      return
+    self._device.load(self._device_handle.embeddings(), self._device_handle.step)
+    logging.info("retrieving on the device with the index of step %d",
+                 self._device_handle.step)
 
   def _validation_inputs(self, params, input_context, signature):
     """Batches of the features that ``validation_begin`` prepared for this pass."""
@@ -273,6 +348,11 @@ class RealmPretrainTask(base.RealmBaseTask):
     return dict(self._qa_logs)
 
   def train_step(self, inputs, model, optimizer, metrics=None):
+    if self.task_config.retrieval == "device":
+      if self._device is None:
+        raise RuntimeError("retrieval: device needs before_train_loop(model) (RealmTrainer "
+                           "calls it) before the first training step")
+      inputs = self._device.features(inputs, model.query_embedder)
     logs = super().train_step(inputs, model, optimizer, metrics)
     # Off-policy delay: how many steps old the index that retrieved these candidates is.
     index_age = (tf.cast(optimizer.iterations, tf.float32) - 1.0 -

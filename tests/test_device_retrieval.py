@@ -1,0 +1,214 @@
+"""Retrieval on the accelerator (``device_retrieval``) against the host path it replaces."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data_prep import blocks as blocks_pipeline
+from data_prep import synthetic_world
+from realm_tf import configs
+from realm_tf.data import block_store
+from realm_tf.data import contract
+from realm_tf.data.loaders import InputError
+from realm_tf.modeling.models import RealmPretrainer
+from realm_tf.retrieval import candidates
+from realm_tf.retrieval import device_retrieval
+from realm_tf.retrieval import testing
+from realm_tf.tasks import realm_pretrain
+from realm_tf.tokenization import RealmTokenizer, load_vocab
+
+COMPARED = realm_pretrain.DEVICE_FEATURES + ("candidate_rows",)
+
+
+class ExactHandle:
+  """Exact search over fixed embeddings (stands in for IndexHandle)."""
+
+  def __init__(self, emb, step):
+    self.emb, self.step = emb, step
+
+  def search(self, q, k):
+    scores = q @ self.emb.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(scores, order, 1)
+
+
+def random_examples(rng, b, lq, num_masks, vocab_size, source_rows, cls_id, sep_id, mask_id):
+  query_ids = np.zeros([b, lq], np.int64)
+  query_mask = np.zeros([b, lq], np.int64)
+  for i in range(b):
+    n = int(rng.integers(3, lq - 1))
+    toks = rng.integers(5, vocab_size, n)
+    toks[rng.integers(0, n)] = mask_id
+    query_ids[i, :n + 2] = [cls_id, *toks, sep_id]
+    query_mask[i, :n + 2] = 1
+  return dict(query_ids=query_ids, query_mask=query_mask,
+              mlm_positions=np.ones([b, num_masks], np.int64),
+              mlm_ids=np.full([b, num_masks], 7, np.int64),
+              mlm_weights=np.ones([b, num_masks], np.float32),
+              source_block_id=np.asarray(source_rows, np.int64))
+
+
+def host_inputs(retriever, examples, source_uids=None):
+  q = examples["query_ids"].astype(np.int32)
+  return dict(query_word_ids=q, query_mask=examples["query_mask"].astype(np.int32),
+              query_type_ids=np.zeros_like(q), mlm_positions=examples["mlm_positions"],
+              mlm_ids=examples["mlm_ids"], mlm_weights=examples["mlm_weights"],
+              source_group=retriever.source_groups(examples["source_block_id"], source_uids))
+
+
+def perturbed(config, seed=0):
+  """A model whose towers tell blocks apart (untrained ones score them all alike)."""
+  model = RealmPretrainer.from_config_dataclass(config)
+  rng = np.random.default_rng(seed)
+  for v in model.query_embedder.trainable_variables + model.block_embedder.trainable_variables:
+    v.assign(v + 0.3 * rng.standard_normal(v.shape).astype(np.float32))
+  return model
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+  """The demo's world (default size), its blocks at 32 wordpieces, a perturbed tiny model
+  whose block inputs are trimmed (24) and whose reader cuts bodies (40)."""
+  root = tmp_path_factory.mktemp("device_retrieval")
+  world = synthetic_world.generate_world(seed=0)
+  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=3000,
+                                      whole_word_names=True)
+  blocks_dir = str(root / "blocks")
+  blocks_pipeline.run_blocks(files["articles"], files["vocab"], blocks_dir, block_seq_length=32)
+  config = testing.tiny_model_config(files["vocab"], query_seq_length=16, block_seq_length=24)
+  config = config.replace(reader=config.reader.replace(seq_length=40))
+  tokenizer = RealmTokenizer(files["vocab"])
+  store = block_store.BlockStore.open(blocks_dir, store_dir=str(root / "store"))
+  blocks = contract.read_blocks(blocks_dir)
+  model = perturbed(config)
+  packed = candidates.pack_blocks(blocks, config.retriever.block_seq_length, tokenizer.cls_id,
+                                  tokenizer.sep_id)
+  emb = model.block_embedder(dict(zip(("input_word_ids", "input_mask", "input_type_ids"),
+                                      packed[:3])), training=False).numpy()[:-1]
+  return dict(config=config, tokenizer=tokenizer, store=store, blocks=blocks, model=model,
+              emb=emb, vocab_size=len(load_vocab(files["vocab"])))
+
+
+def test_same_candidates_and_features_as_the_host_path_on_the_demo_corpus(demo):
+  """Exact retrieval with the current query tower, in the step, gives today's candidates
+  (null first, the source block's uid dropped) and the same block and reader inputs."""
+  config, tok, store, model, emb = (demo[k] for k in ("config", "tokenizer", "store", "model",
+                                                     "emb"))
+  n = len(store)
+  assert n > 300 and int(store.gather_packed(np.arange(n), 64)["input_mask"].sum(1).max()) > 24
+  builder = candidates.CandidateBuilder(store, config, ExactHandle(emb, step=7), tok.cls_id,
+                                        tok.sep_id)
+  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
+  retriever = device_retrieval.DeviceRetriever(store, config, tok.cls_id, tok.sep_id)
+  retriever.load(emb, step=7)
+  rng = np.random.default_rng(1)
+  b = 24
+  examples = random_examples(rng, b, 16, config.max_masks, demo["vocab_size"],
+                             rng.integers(0, n, b),
+                             tok.cls_id, tok.sep_id, tok.mask_id)
+  uids = [demo["blocks"][s]["uid"] for s in examples["source_block_id"]]
+  examples["source_uid"] = np.array(uids)
+  want = builder.features(examples)
+  got = tf.function(lambda x: retriever.features(x, model.query_embedder))(
+      host_inputs(retriever, examples, uids))
+  for key in COMPARED:
+    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
+  rows = want["candidate_rows"]
+  assert (rows[:, 0] == n).all()
+  for i, s in enumerate(examples["source_block_id"]):
+    assert s not in rows[i]
+  # Trimmed blocks and cut bodies were exercised.
+  assert (want["candidate_mask"][:, 1:].sum(-1) == 24).any()
+  assert (want["reader_mask"].sum(-1) == 40).any()
+
+
+def duplicate_corpus(n=11, seed=0):
+  """Blocks with random lengths; rows 0, 5 and 9 share one uid."""
+  rng = np.random.default_rng(seed)
+  blocks = []
+  for i in range(n):
+    key = "shared" if i in (0, 5, 9) else f"block {i}"
+    body = [int(x) for x in rng.integers(5, 40, rng.integers(1, 14))]
+    blocks.append(dict(block_id=i, uid=hashlib.sha1(key.encode()).hexdigest(),
+                       token_ids=[2] + [int(rng.integers(5, 40))] + [3] + body + [3]))
+  return blocks
+
+
+def tiny_config(lb=10, lr=18):
+  enc = configs.bert_tiny(40, 16)
+  enc.override(dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.5))
+  return configs.RealmModelConfig(
+      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, query_seq_length=8,
+                                        block_seq_length=lb),
+      reader=configs.ReaderConfig(encoder=enc, seq_length=lr), num_candidates=4, max_masks=2)
+
+
+def test_mirrored_strategy_shards_the_corpus_and_matches_one_device():
+  """Over two logical devices each replica holds half the rows (11: one padded), and the
+  features of a batch split over them equal one device's; the trivial uid (three rows
+  share it) is dropped everywhere."""
+  blocks = duplicate_corpus()
+  store = block_store.BlockStore.from_blocks(blocks, 2, 3)
+  config = tiny_config()
+  model = perturbed(config, seed=2)
+  emb = np.random.default_rng(5).standard_normal((len(blocks), 8)).astype(np.float32)
+  single = device_retrieval.DeviceRetriever(store, config, 2, 3)
+  single.load(emb, step=3)
+  rng = np.random.default_rng(4)
+  examples = random_examples(rng, 6, 8, 2, 40, [0, 5, 1, 9, 2, 3], 2, 3, 4)
+  inputs = host_inputs(single, examples)
+  want = single.features({k: tf.constant(v) for k, v in inputs.items()}, model.query_embedder)
+  builder = candidates.CandidateBuilder(blocks, config, ExactHandle(emb, step=3), 2, 3)
+  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
+  host = builder.features(dict(examples, source_uid=np.array([b["uid"] for b in (
+      blocks[s] for s in examples["source_block_id"])])))
+  for key in COMPARED:
+    np.testing.assert_array_equal(np.asarray(want[key]), host[key], err_msg=key)
+  for i in (0, 1, 3):   # sources with the shared uid: none of rows 0, 5, 9
+    assert not set(host["candidate_rows"][i]) & {0, 5, 9}
+
+  strategy = testing.two_cpu_strategy()
+  with strategy.scope():
+    mirrored = device_retrieval.DeviceRetriever(store, config, 2, 3)
+    tower = RealmPretrainer.from_config_dataclass(config)
+    tower.set_weights(model.get_weights())
+  mirrored.load(emb, step=3)
+  assert mirrored.shard_rows == 6
+  shards = strategy.experimental_local_results(mirrored.embeddings)
+  np.testing.assert_array_equal(shards[0].numpy(), emb[:6])
+  np.testing.assert_array_equal(shards[1].numpy()[:5], emb[6:])
+  dataset = strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensor_slices(inputs).batch(6))
+
+  @tf.function
+  def step(x):
+    return strategy.run(lambda y: mirrored.features(y, tower.query_embedder), args=(x,))
+  got = step(next(iter(dataset)))
+  for key in COMPARED:
+    parts = strategy.experimental_local_results(got[key])
+    assert [len(p) for p in parts] == [3, 3]
+    np.testing.assert_array_equal(np.concatenate([p.numpy() for p in parts]),
+                                  np.asarray(want[key]), err_msg=key)
+
+  # A newer index swaps in: the candidates follow it.
+  mirrored.load(emb[::-1].copy(), step=9)
+  again = step(next(iter(dataset)))
+  assert {int(s) for p in strategy.experimental_local_results(again["index_step"])
+          for s in p.numpy()} == {9}
+
+
+def test_clear_errors():
+  blocks = duplicate_corpus()
+  store = block_store.BlockStore.from_blocks(blocks, 2, 3)
+  retriever = device_retrieval.DeviceRetriever(store, tiny_config(), 2, 3)
+  with pytest.raises(InputError, match=r"index embeddings of shape \(11, 4\).*11 blocks"):
+    retriever.load(np.zeros([11, 4], np.float32), step=0)
+  with pytest.raises(InputError, match="source_block_id 11 is not a row"):
+    retriever.source_groups([11])
+  with pytest.raises(InputError, match="example 0: source_block_id 1 holds another uid"):
+    retriever.source_groups([1], [blocks[2]["uid"]])
+  with pytest.raises(InputError, match="3 of them with one uid"):
+    device_retrieval.DeviceRetriever(block_store.BlockStore.from_blocks(blocks[:10], 2, 3),
+                                     tiny_config().replace(num_candidates=9), 2, 3)
