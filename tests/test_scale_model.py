@@ -178,6 +178,14 @@ class ScalingTest(tf.test.TestCase):
     # Device: 3 x query forward of 16 sequences = 3 x 16 x 1328, over 16 x 61.5e12 x 0.5.
     self.assertAlmostEqual(rows["query tower fwd+bwd"].scaled_s,
                            3 * 16 * 1392 / (16 * 61.5e12 * 0.5))
+    # Device retrieval: 2 x 16 queries x 1000 blocks x 2 dims of search on the device; the
+    # host sends 16 x (3 x 4 + 3 x 1 + 1) int32 over 2 hosts.
+    device = {r.component: r for r in sm.device_retrieval_rows(work, m, hw)}
+    self.assertAlmostEqual(device["retrieval: exact search over the core's shard"].scaled_s,
+                           2 * 16 * 1000 * 2 / (16 * 61.5e12 * 0.5))
+    self.assertAlmostEqual(
+        device["retrieval: host -> device infeed (queries, masks, source group)"].scaled_s,
+        16 * 16 * 4 / 2 / sm.ASSUMPTIONS["host_to_device_bandwidth"][0])
     refresh = sm.refresh_model(work, m, hw, step_s=1.0)
     # Block forward: layer at L=8: 768 + 1024 + 256 + 1024 = 3072, type embeddings 128,
     # pooler + projection 48: 3248 per block.
@@ -200,6 +208,7 @@ def test_quick_end_to_end(tmp_path):
                     "ScaNN search", "candidate building", "corpus gather",
                     "host -> device infeed", "refresh: re-embed the corpus",
                     "refresh: ScaNN rebuild", "host RAM resident per input host",
+                    "retrieval: exact search over the core's shard", "host per step",
                     "device HBM per core"):
     assert f"| {component}" in text or f"| **{component}" in text, component
   assert text.count("\n| ") >= 20
