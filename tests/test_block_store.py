@@ -78,10 +78,15 @@ def test_store_equals_read_blocks_and_pack_blocks(corpus, tmp_path, seq_length):
     np.testing.assert_array_equal(store.tokens(i), block["token_ids"])
     np.testing.assert_array_equal(store.body(i), bodies[i])
     assert store.text(i) == block["body"]
+    assert store.titles[i] == block["title"] and store.titles.blocks()[i] == block["title"]
     assert store.uid_digest(i) == block_store.uid_digest(block["uid"])
   np.testing.assert_array_equal(store.tokens(N), [cls_id, sep_id, sep_id])
   np.testing.assert_array_equal(store.body(N), bodies[N])
   assert store.text(N) == "" and store.uid_digest(N) == block_store.NULL_DIGEST
+  assert store.titles[N] == "" and len(store.titles.blocks()) == len(store.texts.blocks()) == N
+  assert store.texts.blocks()[-1] == blocks[-1]["body"]
+  with pytest.raises(IndexError):
+    store.texts.blocks()[N]
   padded, lengths = store.gather_bodies(batch, 6)
   for (i, j), row in np.ndenumerate(batch):
     assert lengths[i, j] == len(bodies[row])

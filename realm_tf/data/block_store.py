@@ -7,13 +7,15 @@ its first ``[SEP]``), all in files that are memory-mapped, so only the pages tha
 become resident (and they are the kernel's page cache, shared between processes). Fixed-length
 model inputs are built per batch for just the rows it needs (:meth:`BlockStore.gather_packed`),
 equal to what ``contract.pack_block_ids`` gives (and ``candidates.pack_blocks``); the body texts
-(for recall hits) are in the store too, decoded when read (:attr:`BlockStore.texts`).
+(for recall hits and Open-QA) and titles (for evidence) are in the store too, decoded when
+read (:attr:`BlockStore.texts`, :attr:`BlockStore.titles`).
 
 Layout, in ``<store_root>/<key>/`` (``store_root`` is ``<blocks_dir>/block_store`` when the
 blocks directory is local and writable, else a directory under the system's temporary one)::
 
   meta.json          {"format", "key", "blocks_dir", "fingerprint", "num_blocks", "num_tokens",
-                      "token_dtype", "num_text_bytes", "cls_id", "sep_id", "manifest"}
+                      "token_dtype", "num_text_bytes", "num_title_bytes", "cls_id",
+                      "sep_id", "manifest"}
   tokens.bin         token_dtype [num_tokens]: every block's [CLS] title [SEP] body [SEP],
                      one after the other in block_id order
   offsets.bin        int64 [num_blocks + 1]: block i is tokens[offsets[i]:offsets[i + 1]]
@@ -21,6 +23,8 @@ blocks directory is local and writable, else a directory under the system's temp
   first_seps.bin     int32 [num_blocks]: position of the first sep_id in each block (-1: none)
   texts.bin          uint8 [num_text_bytes]: the block bodies' UTF-8 text, in block_id order
   text_offsets.bin   int64 [num_blocks + 1]
+  titles.bin         uint8 [num_title_bytes]: the block titles' UTF-8 text, in block_id order
+  title_offsets.bin  int64 [num_blocks + 1]
 
 ``key`` is a hash of the blocks manifest (which holds the corpus ``fingerprint``, the vocabulary's
 SHA1 and the block length) and of :data:`FORMAT`: a store is only ever opened for the manifest
@@ -59,7 +63,7 @@ import tensorflow as tf
 
 from realm_tf.data import contract
 
-FORMAT = 1
+FORMAT = 2
 STORE_DIR = "block_store"
 META = "meta.json"
 DIGEST_BYTES = 20
@@ -67,11 +71,12 @@ NULL_DIGEST = bytes(DIGEST_BYTES)
 _BATCH = 2048           # records per parsed batch while building
 _PROGRESS_MIN = 100000  # show a progress bar (progress=None) from this many blocks on
 _FILES = ("tokens.bin", "offsets.bin", "uid_digests.bin", "first_seps.bin", "texts.bin",
-          "text_offsets.bin")
+          "text_offsets.bin", "titles.bin", "title_offsets.bin")
 
 _PARSE_FEATURES = {
     "block_id": tf.io.FixedLenFeature([], tf.int64),
     "uid": tf.io.FixedLenFeature([], tf.string),
+    "title": tf.io.FixedLenFeature([], tf.string),
     "body": tf.io.FixedLenFeature([], tf.string),
     "token_ids": tf.io.RaggedFeature(tf.int64),
 }
@@ -132,7 +137,7 @@ def _map(path: str, dtype, shape) -> np.ndarray:
 
 
 class _Texts:
-  """The body texts as a read-only sequence of str, decoded when read (row n: "")."""
+  """Texts as a read-only sequence of str, decoded when read (row n, the null row: "")."""
 
   def __init__(self, data: np.ndarray, offsets: np.ndarray):
     self._data, self._offsets = data, offsets
@@ -151,6 +156,26 @@ class _Texts:
     start, stop = int(self._offsets[i]), int(self._offsets[i + 1])
     return self._data[start:stop].tobytes().decode("utf-8")
 
+  def blocks(self) -> "_Blocks":
+    """The same sequence without the null row (``len``: the number of blocks)."""
+    return _Blocks(self)
+
+
+class _Blocks:
+  """A ``_Texts`` without its null row."""
+
+  def __init__(self, texts: _Texts):
+    self._texts = texts
+
+  def __len__(self):
+    return len(self._texts) - 1
+
+  def __getitem__(self, i):
+    i = int(i)
+    if not -len(self) <= i < len(self):
+      raise IndexError(f"block {i} out of range for {len(self)} blocks")
+    return self._texts[i % len(self)] if i < 0 else self._texts[i]
+
 
 class BlockStore:
   """The corpus as flat arrays (see the module docstring); use :meth:`open` or
@@ -165,6 +190,7 @@ class BlockStore:
 
   def __init__(self, tokens: np.ndarray, offsets: np.ndarray, digests: np.ndarray,
                first_seps: np.ndarray, texts: np.ndarray, text_offsets: np.ndarray,
+               titles: np.ndarray, title_offsets: np.ndarray,
                cls_id: Optional[int], sep_id: Optional[int], fingerprint: Optional[str] = None,
                path: Optional[str] = None):
     self._tokens, self._offsets, self._digests = tokens, offsets, digests
@@ -177,7 +203,9 @@ class BlockStore:
     self.sep_id = None if sep_id is None else int(sep_id)
     self.fingerprint = fingerprint
     self.path = path
+    self._title_data, self._title_offsets = titles, title_offsets
     self.texts = _Texts(texts, text_offsets)
+    self.titles = _Texts(titles, title_offsets)
 
   # ---- construction ----
   @classmethod
@@ -241,7 +269,7 @@ class BlockStore:
     n, dtype = int(meta["num_blocks"]), np.dtype(meta["token_dtype"])
     sizes = dict(zip(_FILES, (int(meta["num_tokens"]) * dtype.itemsize, 8 * (n + 1),
                               DIGEST_BYTES * n, 4 * n, int(meta["num_text_bytes"]),
-                              8 * (n + 1))))
+                              8 * (n + 1), int(meta["num_title_bytes"]), 8 * (n + 1))))
     for name, size in sizes.items():
       file = os.path.join(path, name)
       if not os.path.isfile(file) or os.path.getsize(file) != size:
@@ -253,13 +281,15 @@ class BlockStore:
                _map(join("first_seps.bin"), np.int32, [n]),
                _map(join("texts.bin"), np.uint8, [int(meta["num_text_bytes"])]),
                _map(join("text_offsets.bin"), np.int64, [n + 1]),
+               _map(join("titles.bin"), np.uint8, [int(meta["num_title_bytes"])]),
+               _map(join("title_offsets.bin"), np.int64, [n + 1]),
                meta.get("cls_id"), meta.get("sep_id"), meta.get("fingerprint"), path)
 
   @classmethod
   def from_blocks(cls, blocks: Sequence[Dict], cls_id: Optional[int] = None,
                   sep_id: Optional[int] = None) -> "BlockStore":
     """An in-memory store of blocks as ``contract.read_blocks`` returns them (row = position;
-    ``uid``, ``token_ids`` and optionally ``body``)."""
+    ``uid``, ``token_ids`` and optionally ``body`` and ``title``)."""
     lengths = np.array([len(b["token_ids"]) for b in blocks], np.int64)
     flat = np.concatenate([np.asarray(b["token_ids"], np.int64) for b in blocks] or
                           [np.zeros([0], np.int64)])
@@ -268,6 +298,7 @@ class BlockStore:
     tokens = flat.astype(token_dtype(int(flat.max()) if flat.size else 0))
     texts = [b.get("body", "").encode("utf-8") for b in blocks]
     text_lengths = np.array([len(t) for t in texts], np.int64)
+    titles = [b.get("title", "").encode("utf-8") for b in blocks]
     cls_id, sep_id = _special_ids(tokens, lengths, cls_id, sep_id)
     offsets = _offsets(lengths)
     try:
@@ -276,8 +307,9 @@ class BlockStore:
       fingerprint = None
     return cls(tokens, offsets, _digests(b["uid"] for b in blocks),
                _first_seps(tokens, offsets, sep_id),
-               np.frombuffer(b"".join(texts), np.uint8), _offsets(text_lengths), cls_id, sep_id,
-               fingerprint)
+               np.frombuffer(b"".join(texts), np.uint8), _offsets(text_lengths),
+               np.frombuffer(b"".join(titles), np.uint8), _offsets(_byte_lengths(titles)),
+               cls_id, sep_id, fingerprint)
 
   # ---- one row ----
   def __len__(self) -> int:
@@ -298,11 +330,14 @@ class BlockStore:
   def nbytes(self) -> int:
     """Bytes of all the arrays (on disk for an opened store; resident only where touched)."""
     return int(sum(a.nbytes for a in (self._tokens, self._offsets, self._digests,
-                                      self._first_seps, self._text_data, self._text_offsets)))
+                                      self._first_seps, self._text_data, self._text_offsets,
+                                      self._title_data, self._title_offsets)))
 
   def texts_nbytes(self) -> int:
-    """Bytes of the body texts and their offsets (read only for recall hits)."""
-    return int(self._text_data.nbytes + self._text_offsets.nbytes)
+    """Bytes of the body texts and titles and their offsets (read for recall hits, Open-QA
+    and evidence, not by the training step)."""
+    return int(self._text_data.nbytes + self._text_offsets.nbytes + self._title_data.nbytes +
+               self._title_offsets.nbytes)
 
   def _row(self, i) -> int:
     i = int(i)
@@ -584,7 +619,7 @@ def _parse(serialized):
   parsed = tf.io.parse_example(serialized, _PARSE_FEATURES)
   ids = parsed["token_ids"]
   return {"block_id": parsed["block_id"], "uid": parsed["uid"], "body": parsed["body"],
-          "values": ids.values, "lengths": ids.row_lengths()}
+          "title": parsed["title"], "values": ids.values, "lengths": ids.row_lengths()}
 
 
 def _byte_lengths(strings) -> np.ndarray:
@@ -603,6 +638,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   join = lambda name: os.path.join(out, name)
   tokens = _Column(join("tokens.arrival"), np.uint16)
   texts = _Column(join("texts.arrival"), np.uint8)
+  titles = _Column(join("titles.arrival"), np.uint8)
   uids = _Column(join("uids.arrival"), np.uint8)
   digests = open(join("digests.arrival"), "wb")
   block_ids = []
@@ -622,12 +658,15 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
       tokens.append(values, batch["lengths"])
       body, uid = list(batch["body"]), list(batch["uid"])
       texts.append(np.frombuffer(b"".join(body), np.uint8), _byte_lengths(body))
+      title = list(batch["title"])
+      titles.append(np.frombuffer(b"".join(title), np.uint8), _byte_lengths(title))
       uids.append(np.frombuffer(b"".join(uid), np.uint8), _byte_lengths(uid))
       digests.write(b"".join(hashlib.sha1(u).digest() for u in uid))
       block_ids.append(batch["block_id"])
       bar.update(len(uid))
   digests.close()
   token_lengths, text_lengths, uid_lengths = tokens.close(), texts.close(), uids.close()
+  title_lengths = titles.close()
   block_ids = np.concatenate(block_ids) if block_ids else np.zeros([0], np.int64)
   if len(block_ids) != n:
     raise contract.CorpusFormatError(f"{blocks_dir}: {len(block_ids)} blocks on disk, "
@@ -647,13 +686,16 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   offsets.tofile(join("offsets.bin"))
   _permute(join("texts.arrival"), join("texts.bin"), np.uint8, text_lengths, order).tofile(
       join("text_offsets.bin"))
+  _permute(join("titles.arrival"), join("titles.bin"), np.uint8, title_lengths, order).tofile(
+      join("title_offsets.bin"))
   flat = _FileArray(join("tokens.bin"), tokens.dtype)
   cls_id, sep_id = _special_ids(flat[0:int(offsets[1])], offsets[1:2], None, None)
   _first_seps(flat, offsets, sep_id).tofile(join("first_seps.bin"))
   meta = {"format": FORMAT, "key": key, "blocks_dir": _location(blocks_dir),
           "fingerprint": manifest["fingerprint"],
           "num_blocks": n, "num_tokens": int(offsets[-1]), "token_dtype": tokens.dtype.name,
-          "num_text_bytes": int(text_lengths.sum()), "cls_id": cls_id, "sep_id": sep_id,
+          "num_text_bytes": int(text_lengths.sum()),
+          "num_title_bytes": int(title_lengths.sum()), "cls_id": cls_id, "sep_id": sep_id,
           "manifest": manifest}
   with open(join(META), "w") as f:
     json.dump(meta, f, indent=2)

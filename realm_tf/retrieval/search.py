@@ -17,6 +17,7 @@ import numpy as np
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf import tokenization
+from realm_tf.data import block_store
 from realm_tf.data import contract
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
@@ -45,6 +46,7 @@ class TextSearcher:
   def __init__(self, index_dir: str, model_dir: str, blocks_dir: str,
                checkpoint: Optional[str] = None, wait_seconds: float = 0.0):
     self.blocks_dir = blocks_dir
+    self._store = None   # the block store, for the hits' titles and texts (opened when needed)
     self.config = model_dir_lib.load_config(model_dir)
     blocks_manifest = contract.load_blocks_manifest(blocks_dir)
     self.handle = handle_lib.IndexHandle(index_dir,
@@ -68,15 +70,13 @@ class TextSearcher:
     """The top ``k`` blocks of each query (at most the corpus size), best first."""
     k = min(k, self.handle.index.num_blocks)
     ids, scores = self.handle.search(self.embed_queries(queries), k)
-    texts = contract.read_block_fields(self.blocks_dir, ids.ravel().tolist())
-    results = []
-    for row_ids, row_scores in zip(ids, scores):
-      hits = []
-      for block_id, score in zip(row_ids.tolist(), row_scores.tolist()):
-        block = texts.get(block_id, {"title": "?", "body": ""})
-        hits.append(Hit(block_id, score, block["title"], block["body"]))
-      results.append(hits)
-    return results
+    if self._store is None:
+      self._store = block_store.BlockStore.open(self.blocks_dir)
+    store = self._store
+    return [[Hit(block_id, score, store.titles[block_id], store.texts[block_id])
+             if 0 <= block_id < len(store) else Hit(block_id, score, "?", "")
+             for block_id, score in zip(row_ids.tolist(), row_scores.tolist())]
+            for row_ids, row_scores in zip(ids, scores)]
 
   def close(self) -> None:
     self.handle.close()

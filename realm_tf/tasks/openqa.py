@@ -365,12 +365,12 @@ def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optiona
       cfg.index_dir, cfg.blocks_dir, cfg.model.retriever.projection_size,
       watch=trainable and cfg.refresh_index,
       wait_seconds=cfg.index_wait_seconds if trainable else 0.0)
-  texts = contract.read_block_fields(blocks_dir, fields=("title", "body"))
-  bodies = [texts[i]["body"] for i in range(len(texts))]
   tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-  # The block tower's view of the beam, packed per batch as the refresher packs the corpus.
-  blocks = (block_store.BlockStore.open(blocks_dir, cls_id=tokenizer.cls_id,
-                                        sep_id=tokenizer.sep_id) if trainable else None)
+  # Texts and titles memory-mapped from the block store, decoded when read; with a trainable
+  # block tower, also its view of the beam, packed per batch as the refresher packs the corpus.
+  store = block_store.BlockStore.open(blocks_dir, cls_id=tokenizer.cls_id,
+                                      sep_id=tokenizer.sep_id)
+  bodies = store.texts.blocks()
   logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
   return inputs_lib.OpenQaInputBuilder(
       bodies, handle.embeddings(), handle.search, tokenizer,
@@ -378,6 +378,6 @@ def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optiona
       reader_seq_length=cfg.model.reader.openqa_seq_length,
       retriever_beam_size=retriever_beam_size or min(cfg.retriever_beam_size, len(bodies)),
       reader_beam_size=reader_beam_size or cfg.reader_beam_size,
-      max_gold_spans=cfg.max_gold_spans, titles=[texts[i]["title"] for i in range(len(texts))],
-      blocks=blocks, block_seq_length=cfg.model.retriever.block_seq_length,
+      max_gold_spans=cfg.max_gold_spans, titles=store.titles.blocks(),
+      blocks=store if trainable else None, block_seq_length=cfg.model.retriever.block_seq_length,
       trainable_blocks=cfg.trainable_blocks, handle=handle)
