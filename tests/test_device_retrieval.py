@@ -51,11 +51,9 @@ def random_examples(rng, b, lq, num_masks, vocab_size, source_rows, cls_id, sep_
 
 
 def host_inputs(retriever, examples, source_uids=None):
-  q = examples["query_ids"].astype(np.int32)
-  return dict(query_word_ids=q, query_mask=examples["query_mask"].astype(np.int32),
-              query_type_ids=np.zeros_like(q), mlm_positions=examples["mlm_positions"],
-              mlm_ids=examples["mlm_ids"], mlm_weights=examples["mlm_weights"],
-              source_group=retriever.source_groups(examples["source_block_id"], source_uids))
+  if source_uids is not None:
+    examples = dict(examples, source_uid=np.array(source_uids))
+  return retriever.host_features(examples)
 
 
 def perturbed(config, seed=0):
@@ -206,9 +204,9 @@ def test_clear_errors():
   with pytest.raises(InputError, match=r"index embeddings of shape \(11, 4\).*11 blocks"):
     retriever.load(np.zeros([11, 4], np.float32), step=0)
   with pytest.raises(InputError, match="source_block_id 11 is not a row"):
-    retriever.source_groups([11])
+    device_retrieval.source_groups(store, retriever.groups, [11])
   with pytest.raises(InputError, match="example 0: source_block_id 1 holds another uid"):
-    retriever.source_groups([1], [blocks[2]["uid"]])
+    device_retrieval.source_groups(store, retriever.groups, [1], [blocks[2]["uid"]])
   with pytest.raises(InputError, match="3 of them with one uid"):
     device_retrieval.DeviceRetriever(block_store.BlockStore.from_blocks(blocks[:10], 2, 3),
                                      tiny_config().replace(num_candidates=9), 2, 3)

@@ -178,11 +178,7 @@ class CandidateBuilder:
   def features(self, examples: Dict[str, np.ndarray],
                candidates: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """Fixed-shape int32 device inputs for a batch of parsed pre-training examples."""
-    q_len = self.config.retriever.query_seq_length
-    if examples["query_ids"].shape[1] != q_len:
-      raise InputError(f"masked examples have query length {examples['query_ids'].shape[1]} "
-                       f"but the model's query_seq_length is {q_len}; rebuild the examples "
-                       "with --query_seq_length or change the config")
+    check_query_length(examples, self.config)
     query_ids = examples["query_ids"].astype(np.int32)
     query_mask = examples["query_mask"].astype(np.int32)
     if candidates is None:
@@ -236,6 +232,15 @@ class CandidateBuilder:
     ids.reshape(-1)[target] = bodies[keep]
     types.reshape(-1)[target] = 1
     return ids, types
+
+
+def check_query_length(examples: Dict[str, np.ndarray], config: configs.RealmModelConfig):
+  """Refuses masked examples whose query length is not the model's ``query_seq_length``."""
+  q_len = config.retriever.query_seq_length
+  if examples["query_ids"].shape[1] != q_len:
+    raise InputError(f"masked examples have query length {examples['query_ids'].shape[1]} "
+                     f"but the model's query_seq_length is {q_len}; rebuild the examples "
+                     "with --query_seq_length or change the config")
 
 
 def feature_signature(config: configs.RealmModelConfig) -> Dict[str, tf.TensorSpec]:

@@ -80,6 +80,22 @@ def source_groups(store: block_store.BlockStore, groups: np.ndarray, source_bloc
   return groups[ids]
 
 
+def host_features(examples: Dict[str, np.ndarray], config: configs.RealmModelConfig,
+                  store: block_store.BlockStore, groups: np.ndarray) -> Dict[str, np.ndarray]:
+  """``HOST_FEATURES`` of a batch of parsed masked examples (``source_block_id``, and
+  ``source_uid`` when present for the check of ``source_groups``)."""
+  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
+  candidates.check_query_length(examples, config)
+  query_ids = examples["query_ids"].astype(np.int32)
+  return dict(query_word_ids=query_ids, query_mask=examples["query_mask"].astype(np.int32),
+              query_type_ids=np.zeros_like(query_ids),
+              mlm_positions=examples["mlm_positions"].astype(np.int32),
+              mlm_ids=examples["mlm_ids"].astype(np.int32),
+              mlm_weights=examples["mlm_weights"].astype(np.float32),
+              source_group=source_groups(store, groups, examples["source_block_id"],
+                                         examples.get("source_uid")))
+
+
 class DeviceRetriever(tf.Module):
   """The corpus sharded over the replicas and the in-step retrieval (see the module doc).
 
@@ -176,9 +192,9 @@ class DeviceRetriever(tf.Module):
     self._assign_shards(self.embeddings, shard)
     self.index_step.assign(int(step))
 
-  def source_groups(self, source_block_ids, source_uids=None) -> np.ndarray:
-    """``source_groups`` over this retriever's corpus."""
-    return source_groups(self.store, self.groups, source_block_ids, source_uids)
+  def host_features(self, examples: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """``host_features`` over this retriever's corpus."""
+    return host_features(examples, self.config, self.store, self.groups)
 
   # ---- the step (replica context) ----
   def retrieve(self, query_embeddings: tf.Tensor, source_groups: tf.Tensor):
@@ -202,13 +218,11 @@ class DeviceRetriever(tf.Module):
     m = min(self.k - 1, self.shard_rows)
     top_scores, top_rows = tf.math.top_k(scores, m)                         # [B, m]
     top_rows += offset
-    if many:   # [R * B, m] -> [B, R * m], the shards in order
-      top_scores = tf.reshape(tf.transpose(tf.reshape(
-          ctx.all_gather(top_scores, axis=0), [self.num_shards, -1, m]), [1, 0, 2]),
-                              [-1, self.num_shards * m])
-      top_rows = tf.reshape(tf.transpose(tf.reshape(
-          ctx.all_gather(top_rows, axis=0), [self.num_shards, -1, m]), [1, 0, 2]),
-                            [-1, self.num_shards * m])
+    if many:
+      def by_query(x):   # every shard's [B, m] -> [B, R * m], the shards in order
+        x = tf.reshape(ctx.all_gather(x, axis=0), [self.num_shards, -1, m])
+        return tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, self.num_shards * m])
+      top_scores, top_rows = by_query(top_scores), by_query(top_rows)
       _, best = tf.math.top_k(top_scores, self.k - 1)
       top_rows = tf.gather(top_rows, best, batch_dims=1)                   # [B, k - 1]
     # The token rows: gathered where held, summed over the replicas.

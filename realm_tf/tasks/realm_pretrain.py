@@ -172,25 +172,11 @@ class RealmPretrainTask(base.RealmBaseTask):
     """The host's share with ``retrieval: device``: the parsed queries and their source
     blocks' uid groups; the step retrieves (``device_retrieval.HOST_FEATURES``)."""
     signature = dict(signature, source_group=tf.TensorSpec([None], tf.int32))
-    q_len = self.task_config.model.retriever.query_seq_length
 
     def generate():
       store, groups = self._device_corpus()
       for batch in examples.as_numpy_iterator():
-        if batch["query_ids"].shape[1] != q_len:
-          raise loaders.InputError(
-              f"masked examples have query length {batch['query_ids'].shape[1]} but the "
-              f"model's query_seq_length is {q_len}; rebuild the examples with "
-              "--query_seq_length or change the config")
-        query_ids = batch["query_ids"].astype(np.int32)
-        yield dict(
-            query_word_ids=query_ids, query_mask=batch["query_mask"].astype(np.int32),
-            query_type_ids=np.zeros_like(query_ids),
-            mlm_positions=batch["mlm_positions"].astype(np.int32),
-            mlm_ids=batch["mlm_ids"].astype(np.int32),
-            mlm_weights=batch["mlm_weights"].astype(np.float32),
-            source_group=device_retrieval.source_groups(
-                store, groups, batch["source_block_id"], batch.get("source_uid")))
+        yield device_retrieval.host_features(batch, self.task_config.model, store, groups)
 
     return tf.data.Dataset.from_generator(
         generate, output_signature={k: signature[k] for k in device_retrieval.HOST_FEATURES}
