@@ -24,7 +24,7 @@ order preserved), not Beam.
 Command line::
 
   python -m data_prep.open_qa --output_dir /data/qa \\
-      --nq_dev ../shared/data/nq_open/NQ-open.dev.jsonl \\
+      --nq_dev assets/nq_open/NQ-open.dev.jsonl \\
       --wq_train .../WebQuestions-train.txt --wq_test .../WebQuestions-test.txt \\
       --ct_train .../CuratedTrec-train.txt --ct_test .../CuratedTrec-test.txt
 """
@@ -136,7 +136,7 @@ def convert(output_dir: str, nq_train: Optional[str] = None, nq_dev: Optional[st
 
 
 def default_sources(data_dir: str) -> Dict[str, str]:
-  """The files of ``../shared/data`` (or any directory laid out the same way) that exist."""
+  """The files of ``assets/`` (or any directory laid out the same way) that exist."""
   paths = {
       "nq_dev": "nq_open/NQ-open.dev.jsonl",
       "nq_train": "nq_open/NQ-open.train.jsonl",
@@ -153,7 +153,7 @@ def define_flags() -> None:
   """The command line's flags (see :mod:`data_prep.cli`)."""
   flags.DEFINE_string("output_dir", None, "Where the <dataset>-<split>.jsonl files go.")
   flags.DEFINE_string("data_dir", None,
-                      "Take every known file found under this directory (shared/data).")
+                      "Take every known file found under this directory (e.g. assets).")
   for name in SOURCE_FLAGS:
     flags.DEFINE_string(name, None, f"The {name} file (overrides --data_dir's).")
   flags.mark_flag_as_required("output_dir")

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
+from experiments import assets
 from realm_tf.data import answers
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def test_holds_answer_is_whole_words():
@@ -56,7 +56,7 @@ def test_is_correct_takes_any_answer():
 
 def test_every_curated_trec_test_pattern_loads():
   """The 694 CuratedTrec test questions: every pattern is tried, an invalid one is no match."""
-  rows = [json.loads(l) for l in open(SHARED / "drqa" / "CuratedTrec-test.txt", encoding="utf-8")]
+  rows = [json.loads(l) for l in open(assets.CURATED_TREC_TEST, encoding="utf-8")]
   assert len(rows) == 694
   invalid = 0
   for row in rows:

@@ -7,15 +7,15 @@ import pathlib
 
 import pytest
 
+from experiments import assets
 from data_prep import blocks
 from data_prep import text as text_lib
 from data_prep import wiki
 from realm_tf.data import contract
 from realm_tf.tokenization import RealmTokenizer
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-DUMP = str(SHARED / "wikipedia" / "enwiki-shortened.xml.bz2")
-VOCAB = str(SHARED / "vocab" / "bert-base-uncased-vocab.txt")
+DUMP = str(assets.ENWIKI_DUMP)
+VOCAB = str(assets.BERT_VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import random
 
 import pytest
 
+from experiments import assets
 from data_prep import masking
 from data_prep import pretrain_examples
 from realm_tf.tokenization import RealmTokenizer
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-VOCAB = str(SHARED / "vocab" / "bert-base-uncased-vocab.txt")
+VOCAB = str(assets.BERT_VOCAB)
 CLS, SEP, MASK = 2, 3, 4
 
 

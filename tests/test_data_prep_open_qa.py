@@ -1,4 +1,4 @@
-"""Tests of data_prep.open_qa on the real files in ../shared/data."""
+"""Tests of data_prep.open_qa on the real files in assets/ (assets/SOURCES.md)."""
 
 import json
 import logging
@@ -6,13 +6,13 @@ import pathlib
 
 import pytest
 
+from experiments import assets
 from data_prep import open_qa
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def test_convert_shared_data(tmp_path):
-  counts = open_qa.convert(str(tmp_path), **open_qa.default_sources(str(SHARED)))
+  counts = open_qa.convert(str(tmp_path), **open_qa.default_sources(str(assets.ROOT)))
   assert counts["nq-test"] == 3610
   assert counts["wq-test"] == 2032
   assert counts["ct-test"] == 694
@@ -20,7 +20,7 @@ def test_convert_shared_data(tmp_path):
   assert (counts["wq-train"], counts["wq-dev"], counts["wq-test"]) == (3417, 361, 2032)
   assert (counts["ct-train"], counts["ct-dev"], counts["ct-test"]) == (1353, 133, 694)
   ct = [json.loads(l) for l in open(tmp_path / "ct-test.jsonl", encoding="utf-8")]
-  raw = [json.loads(l) for l in open(SHARED / "drqa" / "CuratedTrec-test.txt", encoding="utf-8")]
+  raw = [json.loads(l) for l in open(assets.CURATED_TREC_TEST, encoding="utf-8")]
   assert [r["answers"] for r in ct] == [r["answer"] for r in raw]  # Patterns intact.
   assert ct[0]["answer_type"] == "regex" and "\\s?" in ct[0]["answers"][0]
   nq = json.loads(open(tmp_path / "nq-test.jsonl", encoding="utf-8").readline())
@@ -36,7 +36,7 @@ def test_dev_rule_is_orqas_hash_bucket():
   fingerprint hash, not Python's): checked against TF called directly, one by one."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   questions = [json.loads(l)["question"] for l in open(
-      SHARED / "drqa" / "WebQuestions-train.txt", encoding="utf-8")][:300]
+      assets.WEBQUESTIONS_TRAIN, encoding="utf-8")][:300]
   want = [int(tf.strings.to_hash_bucket_fast(q, 100000)) % 10 == 0 for q in questions]
   assert open_qa.dev_mask(questions) == want and 10 < sum(want) < 50
 

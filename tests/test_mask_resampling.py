@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from experiments import assets
 from data_prep import pretrain_examples
 from realm_tf import configs
 from realm_tf.data import contract
 from realm_tf.data import loaders
 from realm_tf.tokenization import RealmTokenizer
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-VOCAB = str(SHARED / "vocab" / "bert-base-uncased-vocab.txt")
+VOCAB = str(assets.BERT_VOCAB)
 QLEN, MAX_MASKS = 32, 10
 SENTENCE = "Zoë Quintrell was born in Mérida in 1843."
 SPANS = ("Zoë Quintrell", "Mérida", "1843")

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from experiments import assets
 import realm_tf
 from data_prep import blocks as blocks_pipeline
 from data_prep import synthetic_world
@@ -32,10 +33,7 @@ from realm_tf.retrieval import testing
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                      "shared", "data")
-BERT_VOCAB = os.path.join(SHARED, "vocab", "bert-base-uncased-vocab.txt")
-SQUAD = os.path.join(SHARED, "squad", "dev-v1.1.json")
+BERT_VOCAB = str(assets.BERT_VOCAB)
 
 # The tiny corpus of the unit tests. Block 3 has the answer only in lower case, block 5 more
 # occurrences than MAX_GOLD, block 6 its occurrence past the reader's cut.
@@ -139,8 +137,7 @@ def _tensors(features, keys=None):
 
 def test_tokenize_with_offsets_matches_the_tokenizer_on_real_text(bert_tokenizer):
   tok = bert_tokenizer
-  with open(SQUAD, encoding="utf-8") as f:
-    paragraphs = [p["context"] for a in json.load(f)["data"] for p in a["paragraphs"]][::3]
+  paragraphs = [p["context"] for a in assets.squad_dev()["data"] for p in a["paragraphs"]][::3]
   special = [
       "Café Müller's naïve façade — 東京大学 (1999)! «Ça va?» he asked; 50% off & more.",
       "10\u00a0km north\u3000of the\u2009river",   # no-break, ideographic and thin spaces

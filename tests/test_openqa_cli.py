@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from experiments import assets
 from data_prep import synthetic_world
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
@@ -27,10 +28,8 @@ from realm_tf.openqa import predict
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
-NQ_DEV = SHARED / "nq_open" / "NQ-open.dev.jsonl"
-SQUAD = SHARED / "squad" / "dev-v1.1.json"
-BERT_VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
+NQ_DEV = assets.NQ_DEV
+BERT_VOCAB = assets.BERT_VOCAB
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
 
@@ -212,7 +211,7 @@ def test_score_hand_written_predictions(tmp_path):
 @pytest.fixture(scope="module")
 def squad_world(tmp_path_factory):
   root = tmp_path_factory.mktemp("openqa_nq")
-  data = json.load(open(SQUAD, encoding="utf-8"))["data"]
+  data = assets.squad_dev()["data"]
   titles, bodies = [], []
   for article in data:
     for paragraph in article["paragraphs"]:

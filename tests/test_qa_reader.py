@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from experiments import assets
 from realm_tf.data import contract
 from realm_tf.data import qa
 
-SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -131,10 +131,10 @@ def test_resolve_dataset(tmp_path):
 
 
 def test_real_files():
-  records, problems = qa.read_qa(str(SHARED / "nq_open" / "NQ-open.dev.jsonl"))
+  records, problems = qa.read_qa(str(assets.NQ_DEV))
   assert len(records) == 3610 and problems == []
   assert all(r.answer_type == "text" and r.answers for r in records)
-  path, kind = qa.resolve_dataset(str(SHARED / "drqa" / "CuratedTrec-test.txt"), None)
+  path, kind = qa.resolve_dataset(str(assets.CURATED_TREC_TEST), None)
   records, problems = qa.read_qa(path, answer_type=kind or "regex")
   assert len(records) == 694 and problems == []
   assert all(r.answer_type == "regex" for r in records)

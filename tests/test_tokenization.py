@@ -6,17 +6,15 @@ import os
 import tensorflow as tf
 from official.nlp.tools import tokenization as reference
 
+from experiments import assets
 from realm_tf import tokenization
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-VOCAB = os.path.join(SHARED, "vocab", "bert-base-uncased-vocab.txt")
-SQUAD = os.path.join(SHARED, "squad", "dev-v1.1.json")
+VOCAB = str(assets.BERT_VOCAB)
 
 
 def squad_sentences(n):
   """The first n sentences (naively split) of SQuAD dev contexts, plus its questions."""
-  with open(SQUAD) as f:
-    data = json.load(f)["data"]
+  data = assets.squad_dev()["data"]
   out = []
   for article in data:
     for para in article["paragraphs"]:

@@ -5,7 +5,8 @@ Prints sentences per second for
   (b) our annotator, ``data_prep.salient_spans.SpanAnnotator.annotate`` (NER only + ruler +
       date regex + span merging),
 and their ratio, all measured in one run on the same sentences (the cleaned articles of the
-Wikipedia dump slice in ../shared/data, split by ``data_prep.text.sentence_spans``).
+Wikipedia dump slice in assets/, cleaned by ``data_prep.wiki``, split by
+``data_prep.text.sentence_spans``).
 
   python experiments/benchmarks/bench_salient_spans.py [--max_sentences 3000] [--model auto]
 """
@@ -21,12 +22,18 @@ sys.path.insert(0, str(ROOT))
 
 from data_prep import salient_spans  # pylint: disable=g-import-not-at-top
 from data_prep import text as text_lib  # pylint: disable=g-import-not-at-top
+from data_prep import wiki  # pylint: disable=g-import-not-at-top
 
-DEFAULT_ARTICLES = ROOT.parent / "shared" / "data" / "wikipedia" / "enwiki-106-articles.jsonl"
+DEFAULT_ARTICLES = ROOT / "assets" / "wikipedia" / "enwiki-shortened.xml.bz2"
 
 
 def load_sentences(path, limit):
-  texts = [json.loads(l)["text"] for l in open(path, encoding="utf-8")]
+  """Sentences of the articles of a MediaWiki dump (or of a JSON-lines file of ``"text"``)."""
+  if path.endswith((".xml", ".xml.bz2")):
+    texts = [wiki.clean_wikitext(p["wikitext"]) for p in wiki.iter_dump_pages(path)
+             if wiki.page_drop_reason(p) is None]
+  else:
+    texts = [json.loads(l)["text"] for l in open(path, encoding="utf-8")]
   out = []
   for text, spans in zip(texts, text_lib.batch_sentence_spans(texts)):
     out.extend(text[s:e] for s, e in spans)

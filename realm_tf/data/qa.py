@@ -41,7 +41,7 @@ ANSWER_TYPES = (TEXT, REGEX)
 # Named datasets: the answer type of each.
 DATASETS = {"nq": TEXT, "wq": TEXT, "ct": REGEX}
 SPLITS = ("train", "dev", "test")
-MAKE_COMMAND = "python -m data_prep.open_qa --output_dir <qa_dir> --data_dir <shared/data>"
+MAKE_COMMAND = "python -m data_prep.open_qa --output_dir <qa_dir> --data_dir assets"
 # Problems of one file logged one by one; the rest are counted in one more warning.
 MAX_LOGGED_PROBLEMS = 20
 
