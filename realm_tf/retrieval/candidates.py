@@ -243,12 +243,14 @@ def check_query_length(examples: Dict[str, np.ndarray], config: configs.RealmMod
                      "with --query_seq_length or change the config")
 
 
-def feature_signature(config: configs.RealmModelConfig) -> Dict[str, tf.TensorSpec]:
-  """``tf.TensorSpec`` of each feature that ``CandidateBuilder.features`` returns."""
+def feature_signature(config: configs.RealmModelConfig,
+                      batch_size: Optional[int] = None) -> Dict[str, tf.TensorSpec]:
+  """``tf.TensorSpec`` of each feature that ``CandidateBuilder.features`` returns, for
+  batches of ``batch_size`` (None: any)."""
   q, bl, r = (config.retriever.query_seq_length, config.retriever.block_seq_length,
               config.reader.seq_length)
   k, m = config.num_candidates, config.max_masks
-  spec = lambda *s, dtype=tf.int32: tf.TensorSpec([None, *s], dtype)
+  spec = lambda *s, dtype=tf.int32: tf.TensorSpec([batch_size, *s], dtype)
   return dict(
       query_word_ids=spec(q), query_mask=spec(q), query_type_ids=spec(q),
       candidate_word_ids=spec(k, bl), candidate_mask=spec(k, bl), candidate_type_ids=spec(k, bl),

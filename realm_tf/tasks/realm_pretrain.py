@@ -134,7 +134,11 @@ class RealmPretrainTask(base.RealmBaseTask):
                               max_masks=model.max_masks)
 
   def build_inputs(self, params: configs.MaskedLmDataConfig, input_context=None):
-    signature = candidates_lib.feature_signature(self.task_config.model)
+    # Training batches are always full (the loader drops the remainder): a static batch
+    # dimension, as a TPU needs. Validation's last batch may be partial.
+    batch = loaders.per_replica_batch_size(params.global_batch_size, input_context)
+    signature = candidates_lib.feature_signature(self.task_config.model,
+                                                 batch if params.is_training else None)
     signature["recall_hit"] = tf.TensorSpec([None], tf.float32)
     if not params.is_training:
       return self._validation_inputs(params, input_context, signature)
@@ -171,7 +175,8 @@ class RealmPretrainTask(base.RealmBaseTask):
   def _device_inputs(self, examples, signature):
     """The host's share with ``retrieval: device``: the parsed queries and their source
     blocks' uid groups; the step retrieves (``device_retrieval.HOST_FEATURES``)."""
-    signature = dict(signature, source_group=tf.TensorSpec([None], tf.int32))
+    signature = dict(signature, source_group=tf.TensorSpec(signature["index_step"].shape,
+                                                           tf.int32))
 
     def generate():
       store, groups = self._device_corpus()
