@@ -472,15 +472,8 @@ def write_table(out: str, name: str, header: Sequence[str], rows: Sequence[Seque
 
 def read_validation_curves(model_dir: str) -> Dict[str, List]:
   """``{tag: [(step, value)]}`` from a run's ``validation/`` TensorBoard events."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  curves: Dict[str, List] = {}
-  for path in sorted(tf.io.gfile.glob(os.path.join(model_dir, "validation", "events.*"))):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        number = (float(tf.make_ndarray(value.tensor)) if value.HasField("tensor")
-                  else value.simple_value)
-        curves.setdefault(value.tag, []).append((int(event.step), number))
-  return {k: sorted(v) for k, v in curves.items()}
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  return model_dir_lib.read_summaries(model_dir, "validation")
 
 
 def plot_staleness(out: str, curves: Dict[str, List[Dict]], tags: Sequence[str]) -> str:

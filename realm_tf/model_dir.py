@@ -11,7 +11,7 @@ A model directory holds:
 """
 
 import os
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 from official.modeling import hyperparams
@@ -116,3 +116,16 @@ def training_done(model_dir: str) -> bool:
 def mark_training_done(model_dir: str, step: Optional[int] = None) -> None:
   with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_DONE), "w") as f:
     f.write(f"{step if step is not None else ''}\n")
+
+
+def read_summaries(model_dir: str, subdir: str = "train") -> Dict[str, List[Tuple[int, float]]]:
+  """``{tag: [(step, value)]}``, sorted by step, of the scalars a trainer wrote to
+  ``model_dir/subdir`` (``train`` or ``validation``)."""
+  curves: Dict[str, List[Tuple[int, float]]] = {}
+  for path in sorted(tf.io.gfile.glob(os.path.join(model_dir, subdir, "events.*"))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        number = (float(tf.make_ndarray(value.tensor)) if value.HasField("tensor")
+                  else value.simple_value)
+        curves.setdefault(value.tag, []).append((int(event.step), number))
+  return {k: sorted(v) for k, v in curves.items()}

@@ -33,12 +33,21 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from official.modeling.optimization.configs import optimization_config
 
 TPU_DTYPES = (tf.int32, tf.float32, tf.bfloat16)
+# The optimizer of the checks: plain SGD, so that a weight updated by a compiled step and by an
+# uncompiled one differ by 0.1 x the difference of their gradients. (Adam's first update,
+# lr * g / (|g| + eps), is about lr * sign(g): it compares signs, random where g is ~0.)
+CHECK_OPTIMIZER = optimization_config.OptimizationConfig({
+    "optimizer": {"type": "sgd", "sgd": {"momentum": 0.0}},
+    "learning_rate": {"type": "constant", "constant": {"learning_rate": 0.1}}})
 # Tolerances of a compiled step against the uncompiled one (XLA fuses and reorders float
-# sums): the loss and metrics relative, the updated weights absolute (an update is ~lr).
+# sums): the loss and metrics relative; a weight after the update within WEIGHT_ATOL plus
+# UPDATE_RTOL of the largest update of its variable (with CHECK_OPTIMIZER).
 LOSS_RTOL = 1e-4
 WEIGHT_ATOL = 2e-5
+UPDATE_RTOL = 1e-3
 
 
 class NotTpuReadyError(Exception):
@@ -107,7 +116,7 @@ def checked_dataset_fn(dataset_fn: Callable, where: str, static_batch: bool = Tr
   return checked
 
 
-def _is_tpu(strategy: tf.distribute.Strategy) -> bool:
+def is_tpu(strategy: tf.distribute.Strategy) -> bool:
   return isinstance(strategy, (tf.distribute.TPUStrategy,
                                tf.distribute.experimental.TPUStrategy))
 
@@ -125,7 +134,7 @@ def step_function(strategy: tf.distribute.Strategy, replica_fn: Callable,
   """
   def run(inputs):
     return strategy.run(replica_fn, args=(inputs,))
-  if not jit_compile or _is_tpu(strategy):
+  if not jit_compile or is_tpu(strategy):
     return tf.function(run)
   if strategy.num_replicas_in_sync == 1:
     return tf.function(run, jit_compile=True)
@@ -140,10 +149,11 @@ def step_function(strategy: tf.distribute.Strategy, replica_fn: Callable,
 
 @dataclasses.dataclass
 class StepResult:
-  """One step's global loss, the model's variables after it, the metrics' results, and the
-  seconds of the first call (tracing and compiling included)."""
+  """One step's global loss, the model's variables after it and the largest change of each,
+  the metrics' results, and the seconds of the first call (tracing and compiling included)."""
   loss: float
   weights: List[np.ndarray]
+  updates: List[float]
   metrics: Dict[str, float]
   seconds: float
 
@@ -171,18 +181,22 @@ def run_step(task, model, inputs, strategy: tf.distribute.Strategy, optimizer=No
   fn = step_function(strategy, replica_step(task, model, optimizer, metrics), jit_compile)
   for metric in metrics or []:
     metric.reset_state()   # this step's metrics alone
+  before = [v.numpy() for v in model.variables]
   start = time.perf_counter()
   logs = fn(inputs)
   # The trainer's loss: the mean over replicas of (share x replicas), the global mean.
   loss = float(strategy.reduce("MEAN", logs[task.loss], axis=None))
   seconds = time.perf_counter() - start
-  return StepResult(loss=loss, weights=[v.numpy() for v in model.variables],
+  after = [v.numpy() for v in model.variables]
+  return StepResult(loss=loss, weights=after,
+                    updates=[float(np.max(np.abs(a - b))) if a.size else 0.0
+                             for a, b in zip(after, before)],
                     metrics={m.name: float(m.result()) for m in metrics or []},
                     seconds=seconds)
 
 
 def differences(want: StepResult, got: StepResult, loss_rtol: float = LOSS_RTOL,
-                weight_atol: float = WEIGHT_ATOL) -> List[str]:
+                weight_atol: float = WEIGHT_ATOL, update_rtol: float = UPDATE_RTOL) -> List[str]:
   """What differs between two runs of a step beyond the tolerances (empty: the same)."""
   out = []
   if not np.isclose(got.loss, want.loss, rtol=loss_rtol, atol=0):
@@ -195,6 +209,8 @@ def differences(want: StepResult, got: StepResult, loss_rtol: float = LOSS_RTOL,
     out.append(f"{len(got.weights)} weights != {len(want.weights)}")
   for i, (a, b) in enumerate(zip(want.weights, got.weights)):
     gap = float(np.max(np.abs(a - b))) if a.size else 0.0
-    if a.shape != b.shape or gap > weight_atol:
-      out.append(f"weight {i} {a.shape}: max difference {gap:.3g} > {weight_atol}")
+    allowed = weight_atol + update_rtol * max(want.updates[i], got.updates[i])
+    if a.shape != b.shape or gap > allowed:
+      out.append(f"weight {i} {a.shape}: max difference {gap:.3g} > {allowed:.3g} (its "
+                 f"largest update {want.updates[i]:.3g})")
   return out

@@ -18,8 +18,8 @@ devices) and checks:
   (``tpu_readiness.step_function``).
 
 The models start from the same weights with dropout off (its random draws differ between XLA
-and TensorFlow's kernels); the optimizer is the experiments' AdamW at a constant learning rate
-of 1e-3 (their warm-up starts at 0, and an unchanged weight proves nothing).
+and TensorFlow's kernels); the optimizer is ``tpu_readiness.CHECK_OPTIMIZER`` (plain SGD: the
+updated weights compare the gradients).
 """
 
 import os
@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
-from official.modeling.optimization.configs import optimization_config
 
 from data_prep import pipeline
 from data_prep import synthetic_world
@@ -47,14 +46,6 @@ from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import load_vocab
 
 LQ, LB, HIDDEN, DIM, BATCH, WIDTH = 16, 64, 16, 16, 4, 3
-# Plain SGD: an updated weight is the weight minus 0.1 x its gradient, so the updated weights
-# compare the gradients themselves (Adam's first update, lr * g / (|g| + eps), is about
-# lr * sign(g): it would compare the signs of gradients, random where they are ~0).
-OPTIMIZER = optimization_config.OptimizationConfig({
-    "optimizer": {"type": "sgd", "sgd": {"momentum": 0.0}},
-    "learning_rate": {"type": "constant", "constant": {"learning_rate": 0.1}}})
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
   """A tiny world through data_prep, and an index of random towers over its blocks."""
@@ -163,7 +154,7 @@ class Side:
       self.model = self.task.build_model()
       for variable, value in zip(self.model.variables, weights or ()):
         variable.assign(value)
-      self.optimizer = self.task.create_optimizer(OPTIMIZER)
+      self.optimizer = self.task.create_optimizer(tpu_readiness.CHECK_OPTIMIZER)
       self.train_metrics = self.task.build_metrics(training=True)
       self.validation_metrics = self.task.build_metrics(training=False)
       before = getattr(self.task, "before_train_loop", None)
@@ -269,7 +260,7 @@ def test_a_step_given_a_dynamic_shape_or_a_string_fails_before_compiling():
   strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
   with strategy.scope():
     model = config.build_model()
-    optimizer = config.create_optimizer(OPTIMIZER)
+    optimizer = config.create_optimizer(tpu_readiness.CHECK_OPTIMIZER)
   step = tpu_readiness.step_function(
       strategy, tpu_readiness.replica_step(config, model, optimizer), jit_compile=True)
   spec = lambda b, n: tf.TensorSpec([b, n], tf.int32)

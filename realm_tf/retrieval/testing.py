@@ -66,7 +66,8 @@ def tiny_model_config(vocab_file: str, hidden_size: int = 16, projection_size: i
 
 
 class TinyTrainer:
-  """Writes checkpoints of perturbed towers into a model directory, as a trainer would.
+  """Writes checkpoints of perturbed towers into a model directory, as a trainer would: the
+  towers of ``config``, or of ``tiny_model_config(vocab_file, **config_kwargs)``.
 
   Example::
 
@@ -77,9 +78,9 @@ class TinyTrainer:
   """
 
   def __init__(self, model_dir: str, vocab_file: str, max_to_keep: int = 3, seed: int = 0,
-               **config_kwargs):
+               config: Optional[configs.RealmModelConfig] = None, **config_kwargs):
     self.model_dir = model_dir
-    self.config = tiny_model_config(vocab_file, **config_kwargs)
+    self.config = config or tiny_model_config(vocab_file, **config_kwargs)
     model_dir_lib.write_metadata(model_dir, self.config, vocab_file)
     self.config = model_dir_lib.load_config(model_dir)
     tf.keras.utils.set_random_seed(seed)

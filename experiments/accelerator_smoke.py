@@ -1,0 +1,361 @@
+r"""One-command accelerator smoke run: a CPU-sized experiment on whatever device is present.
+
+    python -m experiments.accelerator_smoke --experiment=realm_pretrain_cpu --strategy=tpu
+    python -m experiments.accelerator_smoke --experiment=realm_pretrain_cpu --retrieval=device \
+        --strategy=mirrored
+    python -m experiments.accelerator_smoke --experiment=openqa_cpu --strategy=one_device
+
+1. a small synthetic world through ``data_prep`` (blocks, masked sentences, ICT examples and
+   questions; ``--world_scale`` of the demo's world) in ``--output_dir``;
+2. the strategy: ``tpu``: ``TPUStrategy`` through ``TPUClusterResolver(--tpu)`` (``local`` on a
+   TPU VM); ``mirrored``: ``MirroredStrategy`` over the GPUs; ``one_device``: the first GPU,
+   else the CPU;
+3. the experiment's real trainer (``realm-train``'s ``train_lib.run_experiment``, the demo's
+   YAML) for ``--steps`` steps, its training inputs checked as each input pipeline builds them
+   (``tpu_readiness``: fully static shapes, TPU dtypes). REALM pre-training, and Open-QA with
+   a trainable block tower (``--trainable_blocks``), run beside ``realm-refresh`` (a second
+   process), whose newer indexes they swap in; ICT and the reading warm start retrieve
+   nothing and run alone;
+4. the report: steps/s and examples/s after the first loop; the compile time (the first
+   loop's time beyond the others' and beyond its wait for the refresher's first index); each
+   device's peak memory where TensorFlow reports it; the run's health (every logged loss
+   finite, its first and last values, ``TRAINING_DONE``; with the refresher: its builds, its
+   exit status, the index age); and, off TPU, ``tpu_readiness``'s check of the trained
+   model's train step on one batch: compiled whole with XLA against uncompiled (loss,
+   metrics, weights after one ``CHECK_OPTIMIZER`` update).
+
+On a TPU every step the trainer runs is one XLA program, the replicated step with its
+collectives (all-gathers, all-reduces) included: a run that completes is the check a CPU
+cannot make. Exit status: 0 healthy, 1 unhealthy (the report says why), 2 an expected error
+(``error: ...``).
+"""
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+from absl import flags
+
+from experiments import demo
+from realm_tf.binaries import cli
+
+FLAGS = flags.FLAGS
+EXPERIMENTS = ("ict_cpu", "reader_read_cpu", "realm_pretrain_cpu", "openqa_cpu")
+flags.DEFINE_enum("experiment", "realm_pretrain_cpu", EXPERIMENTS, "The CPU-sized experiment.")
+flags.DEFINE_enum("strategy", "one_device", ["tpu", "mirrored", "one_device"],
+                  "tpu: TPUStrategy (--tpu); mirrored: every GPU; one_device: a GPU, or the CPU.")
+flags.DEFINE_string("tpu", "local", "The TPU's address for TPUClusterResolver (local: this TPU VM).")
+flags.DEFINE_enum("retrieval", "host", ["host", "device"], "realm_pretrain_cpu's task.retrieval.")
+flags.DEFINE_integer("steps", 200, "Training steps.")
+flags.DEFINE_integer("trainable_blocks", 8,
+                     "openqa_cpu: the top N blocks of each beam embedded by a trainable block "
+                     "tower, with the refresher beside the fine-tuner (0: a frozen index).")
+flags.DEFINE_string("params_override", "", "More overrides, after the smoke run's own.")
+
+RETRIEVING = ("realm_pretrain_cpu", "openqa_cpu")
+
+
+def _say(message: str) -> None:
+  print(f"[smoke {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def make_strategy(params):
+  """The strategy of ``--strategy`` (``params.runtime`` is set to match)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  gpus = len(tf.config.list_physical_devices("GPU"))
+  runtime = params.runtime
+  if FLAGS.strategy == "tpu":
+    return train_lib.get_strategy(params, tpu=FLAGS.tpu)
+  if FLAGS.strategy == "mirrored" and not gpus:
+    _say("no GPU: MirroredStrategy over the CPU (one replica)")
+  runtime.distribution_strategy = FLAGS.strategy
+  runtime.num_gpus = gpus if FLAGS.strategy == "mirrored" else min(gpus, 1)
+  return train_lib.get_strategy(params)
+
+
+def prepare(out: str):
+  """The world and its data_prep outputs (reused when ``out`` already holds them)."""
+  import json  # pylint: disable=g-import-not-at-top
+  done = os.path.join(out, "prepared.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
+  files = synthetic_world.write_world(demo.make_world(FLAGS.seed, FLAGS.seed),
+                                      os.path.join(out, "world"), vocab_size=3000,
+                                      whole_word_names=True)
+  dirs = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
+                              patterns_file=files["patterns"], eval_fraction=0.2,
+                              seed=FLAGS.seed, block_seq_length=32,
+                              query_seq_length=32)["dirs"]
+  prepared = dict(files=files, dirs=dirs)
+  with open(done, "w") as f:
+    json.dump(prepared, f)
+  return prepared
+
+
+def experiment_params(data, out: str):
+  """The experiment's config: its demo YAML, this world's data, ``--steps`` steps, a
+  checkpoint (so an index) and a host round trip every ``--refresh_every`` steps."""
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  files, dirs, name = data["files"], data["dirs"], FLAGS.experiment
+  vocab, n = files["vocab"], demo.vocab_size(files["vocab"])
+  towers = [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
+            f"task.model.reader.encoder.vocab_size={n}"]
+  index_dir = os.path.join(out, "index")
+  overrides = {
+      "ict_cpu": [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
+                  f"task.train_data.input_path={dirs['ict']}/train-*"],
+      "reader_read_cpu": towers + [f"task.train_data.input_path=[{dirs['pretrain']}/train-*]",
+                                   f"task.train_data.blocks_dir=[{dirs['blocks']}]"],
+      "realm_pretrain_cpu": towers + [
+          f"task.train_data.input_path={dirs['pretrain']}/train-*",
+          f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
+          f"task.retrieval={FLAGS.retrieval}"],
+      "openqa_cpu": towers + [
+          f"task.train_data.input_path={files['qa_train']}", f"task.index_dir={index_dir}",
+          f"task.blocks_dir={dirs['blocks']}", f"task.init_checkpoint={os.path.join(out, 'init')}",
+          f"task.trainable_blocks={FLAGS.trainable_blocks}"],
+  }[name]
+  decay = "trainer.optimizer_config.learning_rate.polynomial.decay_steps"
+  overrides += [f"trainer.train_steps={FLAGS.steps}", f"{decay}={FLAGS.steps}"]
+  overrides += demo.intervals(FLAGS.refresh_every)
+  overrides += [FLAGS.params_override] if FLAGS.params_override else []
+  return configs.load_experiment(name, [os.path.join(demo.CONFIG_DIR, f"{name}__demo.yaml")],
+                                 ",".join(overrides))
+
+
+def frozen_start(params, out: str, data) -> None:
+  """Open-QA's starting model: random towers in ``out/init`` (and, without a trainable block
+  tower, the frozen index of their block tower)."""
+  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import testing  # pylint: disable=g-import-not-at-top
+  init = os.path.join(out, "init")
+  trainer = testing.TinyTrainer(init, data["files"]["vocab"], config=params.task.model,
+                                seed=FLAGS.seed)
+  trainer.perturb(0.3)   # untrained towers score every block alike
+  trainer.save(0)
+  trainer.finish(0)
+  if not params.task.trainable_blocks:
+    refresher.build_index_for_checkpoint(
+        None, init, data["dirs"]["blocks"], params.task.index_dir,
+        refresher.BuildOptions(index_type="brute_force", progress=False))
+
+
+def start_refresher(model_dir: str, params, out: str, blocks: str):
+  """``realm-refresh`` on ``model_dir`` into the task's ``index_dir``, logging to
+  ``out/refresh.log``; returns the process and the log's path."""
+  log = open(os.path.join(out, "refresh.log"), "w")  # pylint: disable=consider-using-with
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+       f"--index_dir={params.task.index_dir}", f"--blocks_dir={blocks}", "--poll_seconds=1",
+       "--model_dir_wait_seconds=600", "--keep=2", "--noprogress"],
+      stdout=log, stderr=subprocess.STDOUT)
+  return proc, log.name
+
+
+def checked_task(params, model_dir: str):
+  """The experiment's task, its ``build_inputs`` checked by ``tpu_readiness`` for training."""
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
+  task = task_factory.get_task(params.task, logging_dir=model_dir)
+  build_inputs = task.build_inputs
+  checked = []
+
+  def build(data_config, input_context=None):
+    if not data_config.is_training:
+      return build_inputs(data_config, input_context)
+    dataset = tpu_readiness.checked_dataset_fn(
+        lambda ctx: build_inputs(data_config, ctx), f"{FLAGS.experiment} training inputs")(
+            input_context)
+    checked.append(dataset.element_spec)
+    return dataset
+  task.build_inputs = build
+  return task, checked
+
+
+def device_memory(strategy):
+  """``{device: peak bytes}`` of the devices that report it (TensorFlow's allocator
+  statistics, ``tf.config.experimental.get_memory_info``)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  peaks = {}
+  for device in strategy.extended.worker_devices:
+    try:
+      peaks[device] = tf.config.experimental.get_memory_info(device)["peak"]
+    except (ValueError, tf.errors.OpError):
+      pass   # not reported
+  return peaks
+
+
+def xla_check(params, model_dir: str, strategy):
+  """``tpu_readiness``'s check of the trained model's train step on one batch, from the last
+  checkpoint: compiled whole with XLA against uncompiled (loss, metrics, and the weights after
+  one ``CHECK_OPTIMIZER`` update). Returns a report line and whether they agree."""
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
+  try:
+    tpu_readiness.step_function(strategy, lambda x: x, jit_compile=True)
+  except ValueError as e:
+    return f"not run: {e}", True
+  task = task_factory.get_task(params.task, logging_dir=model_dir)
+  checkpoint = model_dir_lib.latest_checkpoint(model_dir)
+  sides = []
+  for _ in range(2):
+    with strategy.scope():
+      model = task.build_model()
+      model_dir_lib.restore(checkpoint, allow_missing=True, **model.checkpoint_items)
+      optimizer = task.create_optimizer(tpu_readiness.CHECK_OPTIMIZER, params.runtime)
+      metrics = task.build_metrics(training=True)
+      if hasattr(task, "before_train_loop"):
+        task.before_train_loop(model)
+    sides.append((model, optimizer, metrics))
+  batch = next(iter(strategy.distribute_datasets_from_function(
+      lambda ctx: task.build_inputs(params.task.train_data, ctx))))
+  eager, xla = (tpu_readiness.run_step(task, model, batch, strategy, optimizer, metrics,
+                                       jit_compile=jit)
+                for jit, (model, optimizer, metrics) in zip((False, True), sides))
+  differences = tpu_readiness.differences(eager, xla)
+  gap = max(float(abs(a - b).max()) for a, b in zip(eager.weights, xla.weights) if a.size)
+  return (f"{'; '.join(differences) if differences else 'the same'}: loss {xla.loss:.6g} "
+          f"compiled, {eager.loss:.6g} not; weights after an SGD update within {gap:.2g} "
+          f"(largest update {max(eager.updates):.2g}); first call {xla.seconds:.1f} s "
+          f"compiled, {eager.seconds:.1f} s not"), not differences
+
+
+def first_index_watch(index_dir: str):
+  """A daemon thread noting when ``index_dir`` first holds an index; returns ``{"at": t}``."""
+  import threading  # pylint: disable=g-import-not-at-top
+  seen = {}
+
+  def watch():
+    while not os.path.exists(os.path.join(index_dir, "LATEST")):
+      time.sleep(0.25)
+    seen["at"] = time.time()
+  threading.Thread(target=watch, daemon=True).start()
+  return seen
+
+
+def index_wait(model_dir: str, seen) -> float:
+  """Seconds between ``ckpt-0`` (saved before the first step) and the first index: how long
+  the first training loop waited for the refresher."""
+  ckpt0 = os.path.join(model_dir, "ckpt-0.index")
+  if "at" not in seen or not os.path.exists(ckpt0):
+    return 0.0
+  return max(seen["at"] - os.path.getmtime(ckpt0), 0.0)
+
+
+def report(params, model_dir: str, strategy, seconds: float, checked, refresher,
+           waited: float):
+  """Prints the report; returns the reasons the run is unhealthy (empty: healthy)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
+  scalars = model_dir_lib.read_summaries(model_dir, "train")
+  loop = FLAGS.refresh_every
+  rates = [rate for _, rate in scalars.get("steps_per_second", [])]
+  examples = [rate for _, rate in scalars.get("examples_per_second", [])]
+  losses = scalars.get("training_loss", [])
+  problems = []
+  replicas = strategy.num_replicas_in_sync
+  _say(f"{FLAGS.experiment} on {type(strategy).__name__}, {replicas} replica(s): "
+       f"{', '.join(strategy.extended.worker_devices)}")
+  _say(f"inputs: {len(checked)} training input pipeline(s), every feature of fully static "
+       f"shape and a TPU dtype (per-replica batch "
+       f"{params.task.train_data.global_batch_size // replicas})")
+  if len(rates) > 1:
+    steady = float(np.median([loop / r for r in rates[1:]]))
+    _say(f"speed: {loop / steady:.2f} steps/s, {float(np.median(examples[1:])):.1f} "
+         f"examples/s (median of the {len(rates) - 1} loops of {loop} steps after the first); "
+         f"the whole run {seconds:.0f} s")
+    first = loop / rates[0]
+    _say(f"compile: the first loop took {first:.1f} s against {steady:.1f} s for the others"
+         + (f", {waited:.1f} s of it waiting for the refresher's first index" if waited else "")
+         + f": ~{max(first - steady - waited, 0.0):.1f} s of tracing and compiling")
+  else:
+    problems.append(f"{len(rates)} training loop(s) logged: raise --steps")
+  peaks = device_memory(strategy)
+  _say("device memory: " + (", ".join(f"{d} peak {b / 2**20:.0f} MiB" for d, b in peaks.items())
+                            if peaks else "not reported by these devices"))
+  if not losses or not np.isfinite([v for _, v in losses]).all():
+    problems.append(f"training losses not all finite: {losses}")
+  else:
+    _say(f"loss: {losses[0][1]:.4g} at step {losses[0][0]} -> {losses[-1][1]:.4g} at step "
+         f"{losses[-1][0]}, finite at all {len(losses)} summaries")
+  if not model_dir_lib.training_done(model_dir):
+    problems.append("no TRAINING_DONE")
+  if refresher is not None:
+    proc, log = refresher
+    with open(log) as f:
+      builds = sum(line.startswith("[realm-refresh] published") for line in f)
+    ages = scalars.get("index_age", [])
+    _say(f"refresher: {builds} index(es) built, exit status {proc.returncode}"
+         + (f"; index age {ages[-1][1]:.0f} steps at step {ages[-1][0]}" if ages else ""))
+    if proc.returncode != 0 or builds < 2:
+      problems.append(f"refresher: exit status {proc.returncode}, {builds} build(s) "
+                      f"(log: {log})")
+  if tpu_readiness.is_tpu(strategy):
+    _say("XLA: every step of this run was one XLA program compiled by the TPU")
+  else:
+    try:
+      line, same = xla_check(params, model_dir, strategy)
+    except Exception as e:  # pylint: disable=broad-except
+      line, same = f"FAILED: {type(e).__name__}: {str(e)[:2000]}", False
+    _say(f"XLA check of the train step (one batch, tpu_readiness): {line}")
+    if not same:
+      problems.append("the XLA check of the train step failed")
+  return problems
+
+
+def main(argv):
+  del argv
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  out = os.path.abspath(FLAGS.output_dir)
+  os.makedirs(out, exist_ok=True)
+  model_dir = os.path.join(out, f"run-{int(time.time())}")
+  _say(f"preparing a world (scale {FLAGS.world_scale}) under {out}")
+  data = prepare(out)
+  params = experiment_params(data, os.path.join(model_dir, "aux"))
+  os.makedirs(os.path.join(model_dir, "aux"), exist_ok=True)
+  strategy = make_strategy(params)
+  if FLAGS.experiment == "openqa_cpu":
+    frozen_start(params, os.path.join(model_dir, "aux"), data)
+  refresher = None
+  if FLAGS.experiment in RETRIEVING and (FLAGS.experiment != "openqa_cpu"
+                                         or params.task.trainable_blocks):
+    refresher = start_refresher(model_dir, params, os.path.join(model_dir, "aux"),
+                                data["dirs"]["blocks"])
+  task, checked = checked_task(params, model_dir)
+  seen = first_index_watch(params.task.index_dir) if refresher else {}
+  _say(f"training {FLAGS.experiment} for {FLAGS.steps} steps in {model_dir}"
+       + (" beside realm-refresh" if refresher else ""))
+  start = time.time()
+  try:
+    train_lib.run_experiment(params, model_dir, mode="train", strategy=strategy, task=task)
+    if refresher:
+      refresher[0].wait(timeout=600)   # it exits after TRAINING_DONE
+  finally:
+    if refresher and refresher[0].poll() is None:
+      refresher[0].kill()
+  problems = report(params, model_dir, strategy, time.time() - start, checked, refresher,
+                    index_wait(model_dir, seen))
+  if problems:
+    _say("UNHEALTHY: " + "; ".join(problems))
+    sys.exit(1)
+  _say("healthy")
+
+
+def run():
+  for name, value in (("output_dir", "accelerator_smoke_out"), ("world_scale", 0.25),
+                      ("refresh_every", 25)):
+    FLAGS.set_default(name, value)
+  cli.run_main(main)
+
+
+if __name__ == "__main__":
+  run()
