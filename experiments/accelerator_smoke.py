@@ -43,16 +43,26 @@ from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
 EXPERIMENTS = ("ict_cpu", "reader_read_cpu", "realm_pretrain_cpu", "openqa_cpu")
-flags.DEFINE_enum("experiment", "realm_pretrain_cpu", EXPERIMENTS, "The CPU-sized experiment.")
-flags.DEFINE_enum("strategy", "one_device", ["tpu", "mirrored", "one_device"],
-                  "tpu: TPUStrategy (--tpu); mirrored: every GPU; one_device: a GPU, or the CPU.")
-flags.DEFINE_string("tpu", "local", "The TPU's address for TPUClusterResolver (local: this TPU VM).")
-flags.DEFINE_enum("retrieval", "host", ["host", "device"], "realm_pretrain_cpu's task.retrieval.")
-flags.DEFINE_integer("steps", 200, "Training steps.")
-flags.DEFINE_integer("trainable_blocks", 8,
-                     "openqa_cpu: the top N blocks of each beam embedded by a trainable block "
-                     "tower, with the refresher beside the fine-tuner (0: a frozen index).")
-flags.DEFINE_string("params_override", "", "More overrides, after the smoke run's own.")
+
+
+def define_flags() -> None:
+  """The smoke run's flags, beside the demo's (``--output_dir``, ``--seed``, ``--world_scale``,
+  ``--refresh_every``: the checkpoint, summary and host round-trip interval)."""
+  flags.DEFINE_enum("experiment", "realm_pretrain_cpu", EXPERIMENTS,
+                    "The CPU-sized experiment.")
+  flags.DEFINE_enum("strategy", "one_device", ["tpu", "mirrored", "one_device"],
+                    "tpu: TPUStrategy (--tpu); mirrored: every GPU; one_device: a GPU, or the "
+                    "CPU.")
+  flags.DEFINE_string("tpu", "local",
+                      "The TPU's address for TPUClusterResolver (local: this TPU VM).")
+  flags.DEFINE_enum("retrieval", "host", ["host", "device"],
+                    "realm_pretrain_cpu's task.retrieval.")
+  flags.DEFINE_integer("steps", 200, "Training steps.")
+  flags.DEFINE_integer("trainable_blocks", 8,
+                       "openqa_cpu: the top N blocks of each beam embedded by a trainable block "
+                       "tower, with the refresher beside the fine-tuner (0: a frozen index).")
+  flags.DEFINE_string("params_override", "", "More overrides, after the smoke run's own.")
+
 
 RETRIEVING = ("realm_pretrain_cpu", "openqa_cpu")
 
@@ -227,92 +237,73 @@ def xla_check(params, model_dir: str, strategy):
           f"compiled, {eager.seconds:.1f} s not"), not differences
 
 
-def first_index_watch(index_dir: str):
-  """A daemon thread noting when ``index_dir`` first holds an index; returns ``{"at": t}``."""
+def first_index_watch(model_dir: str, index_dir: str):
+  """A daemon thread noting when ``ckpt-0`` (saved before the first step) and then the first
+  index appear; returns ``{"ckpt0": t, "index": t}`` as it fills."""
   import threading  # pylint: disable=g-import-not-at-top
   seen = {}
 
   def watch():
-    while not os.path.exists(os.path.join(index_dir, "LATEST")):
-      time.sleep(0.25)
-    seen["at"] = time.time()
+    for key, path in (("ckpt0", os.path.join(model_dir, "ckpt-0.index")),
+                      ("index", os.path.join(index_dir, "LATEST"))):
+      while not os.path.exists(path):
+        time.sleep(0.2)
+      seen[key] = time.time()
   threading.Thread(target=watch, daemon=True).start()
   return seen
 
 
-def index_wait(model_dir: str, seen) -> float:
-  """Seconds between ``ckpt-0`` (saved before the first step) and the first index: how long
-  the first training loop waited for the refresher."""
-  ckpt0 = os.path.join(model_dir, "ckpt-0.index")
-  if "at" not in seen or not os.path.exists(ckpt0):
-    return 0.0
-  return max(seen["at"] - os.path.getmtime(ckpt0), 0.0)
+def index_wait(seen) -> float:
+  """Seconds between ``ckpt-0`` and the first index: how long the first training loop
+  waited for the refresher."""
+  return max(seen["index"] - seen["ckpt0"], 0.0) if "index" in seen else 0.0
 
 
-def report(params, model_dir: str, strategy, seconds: float, checked, refresher,
-           waited: float):
-  """Prints the report; returns the reasons the run is unhealthy (empty: healthy)."""
+def health(model_dir: str, loop: int, refresher=None, waited: float = 0.0):
+  """The report of a finished run from its training summaries (loops of ``loop`` steps):
+  its lines and the reasons it is unhealthy (none: healthy). ``refresher``: the refresher's
+  ``(exit status, log path)``; ``waited``: the first loop's wait for the first index."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
   scalars = model_dir_lib.read_summaries(model_dir, "train")
-  loop = FLAGS.refresh_every
   rates = [rate for _, rate in scalars.get("steps_per_second", [])]
   examples = [rate for _, rate in scalars.get("examples_per_second", [])]
   losses = scalars.get("training_loss", [])
-  problems = []
-  replicas = strategy.num_replicas_in_sync
-  _say(f"{FLAGS.experiment} on {type(strategy).__name__}, {replicas} replica(s): "
-       f"{', '.join(strategy.extended.worker_devices)}")
-  _say(f"inputs: {len(checked)} training input pipeline(s), every feature of fully static "
-       f"shape and a TPU dtype (per-replica batch "
-       f"{params.task.train_data.global_batch_size // replicas})")
+  lines, problems = [], []
   if len(rates) > 1:
     steady = float(np.median([loop / r for r in rates[1:]]))
-    _say(f"speed: {loop / steady:.2f} steps/s, {float(np.median(examples[1:])):.1f} "
-         f"examples/s (median of the {len(rates) - 1} loops of {loop} steps after the first); "
-         f"the whole run {seconds:.0f} s")
     first = loop / rates[0]
-    _say(f"compile: the first loop took {first:.1f} s against {steady:.1f} s for the others"
-         + (f", {waited:.1f} s of it waiting for the refresher's first index" if waited else "")
-         + f": ~{max(first - steady - waited, 0.0):.1f} s of tracing and compiling")
+    lines.append(f"speed: {loop / steady:.2f} steps/s, {float(np.median(examples[1:])):.1f} "
+                 f"examples/s (median of the {len(rates) - 1} loops of {loop} steps after the "
+                 "first)")
+    lines.append(f"compile: the first loop took {first:.1f} s against {steady:.1f} s for the "
+                 "others" + (f", {waited:.1f} s of it waiting for the refresher's first index"
+                             if waited else "")
+                 + f": ~{max(first - steady - waited, 0.0):.1f} s of tracing and compiling")
   else:
     problems.append(f"{len(rates)} training loop(s) logged: raise --steps")
-  peaks = device_memory(strategy)
-  _say("device memory: " + (", ".join(f"{d} peak {b / 2**20:.0f} MiB" for d, b in peaks.items())
-                            if peaks else "not reported by these devices"))
   if not losses or not np.isfinite([v for _, v in losses]).all():
     problems.append(f"training losses not all finite: {losses}")
   else:
-    _say(f"loss: {losses[0][1]:.4g} at step {losses[0][0]} -> {losses[-1][1]:.4g} at step "
-         f"{losses[-1][0]}, finite at all {len(losses)} summaries")
+    lines.append(f"loss: {losses[0][1]:.4g} at step {losses[0][0]} -> {losses[-1][1]:.4g} at "
+                 f"step {losses[-1][0]}, finite at all {len(losses)} summaries")
   if not model_dir_lib.training_done(model_dir):
     problems.append("no TRAINING_DONE")
   if refresher is not None:
-    proc, log = refresher
+    status, log = refresher
     with open(log) as f:
       builds = sum(line.startswith("[realm-refresh] published") for line in f)
     ages = scalars.get("index_age", [])
-    _say(f"refresher: {builds} index(es) built, exit status {proc.returncode}"
-         + (f"; index age {ages[-1][1]:.0f} steps at step {ages[-1][0]}" if ages else ""))
-    if proc.returncode != 0 or builds < 2:
-      problems.append(f"refresher: exit status {proc.returncode}, {builds} build(s) "
-                      f"(log: {log})")
-  if tpu_readiness.is_tpu(strategy):
-    _say("XLA: every step of this run was one XLA program compiled by the TPU")
-  else:
-    try:
-      line, same = xla_check(params, model_dir, strategy)
-    except Exception as e:  # pylint: disable=broad-except
-      line, same = f"FAILED: {type(e).__name__}: {str(e)[:2000]}", False
-    _say(f"XLA check of the train step (one batch, tpu_readiness): {line}")
-    if not same:
-      problems.append("the XLA check of the train step failed")
-  return problems
+    lines.append(f"refresher: {builds} index(es) built, exit status {status}"
+                 + (f"; index age {ages[-1][1]:.0f} steps at step {ages[-1][0]}" if ages else ""))
+    if status != 0 or builds < 2:
+      problems.append(f"refresher: exit status {status}, {builds} build(s) (log: {log})")
+  return lines, problems
 
 
 def main(argv):
   del argv
+  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   out = os.path.abspath(FLAGS.output_dir)
@@ -331,7 +322,7 @@ def main(argv):
     refresher = start_refresher(model_dir, params, os.path.join(model_dir, "aux"),
                                 data["dirs"]["blocks"])
   task, checked = checked_task(params, model_dir)
-  seen = first_index_watch(params.task.index_dir) if refresher else {}
+  seen = first_index_watch(model_dir, params.task.index_dir) if refresher else {}
   _say(f"training {FLAGS.experiment} for {FLAGS.steps} steps in {model_dir}"
        + (" beside realm-refresh" if refresher else ""))
   start = time.time()
@@ -342,8 +333,31 @@ def main(argv):
   finally:
     if refresher and refresher[0].poll() is None:
       refresher[0].kill()
-  problems = report(params, model_dir, strategy, time.time() - start, checked, refresher,
-                    index_wait(model_dir, seen))
+  seconds = time.time() - start
+  lines, problems = health(model_dir, FLAGS.refresh_every,
+                           refresher and (refresher[0].returncode, refresher[1]),
+                           index_wait(seen))
+  replicas = strategy.num_replicas_in_sync
+  _say(f"{FLAGS.experiment} on {type(strategy).__name__}, {replicas} replica(s) "
+       f"({', '.join(strategy.extended.worker_devices)}): {FLAGS.steps} steps in {seconds:.0f} s")
+  _say(f"inputs: {len(checked)} training input pipeline(s), every feature of fully static "
+       f"shape and a TPU dtype (per-replica batch "
+       f"{params.task.train_data.global_batch_size // replicas})")
+  for line in lines:
+    _say(line)
+  peaks = device_memory(strategy)
+  _say("device memory: " + (", ".join(f"{d} peak {b / 2**20:.0f} MiB" for d, b in peaks.items())
+                            if peaks else "not reported by these devices"))
+  if tpu_readiness.is_tpu(strategy):
+    _say("XLA: every step of this run was one XLA program compiled by the TPU")
+  else:
+    try:
+      line, same = xla_check(params, model_dir, strategy)
+    except Exception as e:  # pylint: disable=broad-except
+      line, same = f"FAILED: {type(e).__name__}: {str(e)[:2000]}", False
+    _say(f"XLA check of the train step (one batch, tpu_readiness): {line}")
+    if not same:
+      problems.append("the XLA check of the train step failed")
   if problems:
     _say("UNHEALTHY: " + "; ".join(problems))
     sys.exit(1)
@@ -351,6 +365,7 @@ def main(argv):
 
 
 def run():
+  define_flags()
   for name, value in (("output_dir", "accelerator_smoke_out"), ("world_scale", 0.25),
                       ("refresh_every", 25)):
     FLAGS.set_default(name, value)
