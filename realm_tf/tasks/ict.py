@@ -30,11 +30,14 @@ def ict_logits(model: RetrieverModel, features, training: bool):
   ctx = tf.distribute.get_replica_context()
   local = tf.shape(q)[0]
   offset = 0
+  # Scored in float32: under bfloat16 the all-gather would fail (MirroredStrategy's
+  # collectives take no bfloat16).
+  q, b = tf.cast(q, tf.float32), tf.cast(b, tf.float32)
   if ctx is not None and ctx.num_replicas_in_sync > 1:
     b = ctx.all_gather(b, axis=0)
     offset = ctx.replica_id_in_sync_group * local
   labels = tf.range(local) + offset
-  return tf.cast(tf.matmul(q, b, transpose_b=True), tf.float32), labels
+  return tf.matmul(q, b, transpose_b=True), labels
 
 
 @task_factory.register_task_cls(configs.IctTaskConfig)
