@@ -60,10 +60,6 @@ def dev_mask(questions: List[str]) -> List[bool]:
   return [bool(b % DEV_MODULUS == 0) for b in buckets.numpy()]
 
 
-def is_dev_question(question: str) -> bool:
-  return dev_mask([question])[0]
-
-
 def read_qa_file(path: str, answer_type: str = "text") -> Tuple[List[Dict], List[str]]:
   """Reads NQ-open / DrQA JSON lines -> ``([{"question", "answers", "answer_type"}], skipped)``.
 

@@ -89,7 +89,3 @@ def hash_fraction(key: str, salt: str = "") -> float:
   """A deterministic number in [0, 1) from a string (first 8 bytes of its SHA1)."""
   digest = hashlib.sha1((salt + key).encode("utf-8")).digest()
   return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def squash_whitespace(text: str) -> str:
-  return " ".join(text.split())

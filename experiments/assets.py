@@ -15,7 +15,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
 import pathlib
 import shutil
 import subprocess

@@ -136,29 +136,6 @@ class IctTaskConfig(cfg.TaskConfig):
 
 
 @dataclasses.dataclass
-class ReaderMlmTaskConfig(cfg.TaskConfig):
-  """BERT-style masked-LM pre-training of the reader alone (toy-scale BERT initialization).
-
-  The paper starts REALM's reader from BERT, which already reads: it fills a mask from the
-  second segment of its input. Toy towers trained from scratch cannot, so the CPU recipe first
-  trains the reader on ``[CLS] sentence [SEP] rest of its block [SEP]`` pairs (the ICT
-  examples, the sentence usually cut out of the block) with ``mask_rate`` of the sentence's
-  wordpieces masked, at most ``max_masks``. ``null_block_rate`` of the inputs carry an empty
-  block (REALM's null block is 1 of 8 candidates).
-  """
-  model: ReaderConfig = dataclasses.field(default_factory=ReaderConfig)
-  vocab_file: str = ""
-  query_seq_length: int = QUERY_SEQ_LENGTH
-  block_seq_length: int = BLOCK_SEQ_LENGTH
-  mask_rate: float = 0.15
-  max_masks: int = 10
-  null_block_rate: float = 0.125
-  train_data: IctDataConfig = dataclasses.field(default_factory=IctDataConfig)
-  validation_data: IctDataConfig = dataclasses.field(
-      default_factory=lambda: IctDataConfig(is_training=False))
-
-
-@dataclasses.dataclass
 class ReaderReadTaskConfig(cfg.TaskConfig):
   """Reading warm start of the reader (toy-scale stand-in for BERT's ability to read).
 
@@ -387,20 +364,6 @@ def ict_cpu() -> cfg.ExperimentConfig:
                          validation_data=IctDataConfig(global_batch_size=128,
                                                        is_training=False)),
       trainer=_trainer(300, 5e-4, 30, 100, 10),
-      runtime=_runtime("cpu"),
-      restrictions=_RESTRICTIONS)
-
-
-@_register("reader_mlm_cpu")
-def reader_mlm_cpu() -> cfg.ExperimentConfig:
-  """Masked-LM warm start of the toy reader (the earlier stand-in; it did not teach reading)."""
-  return cfg.ExperimentConfig(
-      task=ReaderMlmTaskConfig(model=ReaderConfig(encoder=bert_tiny(), seq_length=96),
-                               query_seq_length=32, block_seq_length=64,
-                               train_data=IctDataConfig(global_batch_size=64),
-                               validation_data=IctDataConfig(global_batch_size=64,
-                                                             is_training=False)),
-      trainer=_trainer(500, 1e-3, 50, 500, 50),
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 

@@ -192,8 +192,8 @@ def test_prepare_all_outputs(prepared):
     answer_ids = tok.tokenize([answer])[0].numpy().tolist()
     assert n == min(len(answer_ids), 10) and ex["mlm_ids"][:n] == answer_ids[:n]
     assert [ex["query_ids"][p] for p in ex["mlm_positions"][:n]] == [tok.mask_id] * n
-  ds = contract.make_dataset(dirs["pretrain"], "train", contract.parse_pretrain_example,
-                             with_host_features=False).batch(4)
+  ds = tf.data.TFRecordDataset(contract.example_files(dirs["pretrain"], "train")).map(
+      lambda s: contract.parse_pretrain_example(s, with_host_features=False)).batch(4)
   batch = next(iter(ds))
   assert batch["query_ids"].dtype == tf.int32 and batch["query_ids"].shape == (4, 96)
   assert batch["mlm_positions"].shape == (4, 10) and batch["mlm_weights"].dtype == tf.float32

@@ -14,7 +14,6 @@ from data_prep import ict_examples
 from realm_tf import configs
 from realm_tf.data import contract
 from realm_tf.data import loaders
-from realm_tf.tasks import reader_mlm
 from realm_tf.tokenization import RealmTokenizer
 
 VOCAB = str(assets.BERT_VOCAB)
@@ -211,27 +210,3 @@ def test_block_sentences_keeps_what_the_block_can_show():
   # Positions 5-8 and 9-10 are inside; the next sentence would start at 11 = the last [SEP].
   assert kept == [[9] * 4, [8] * 2] and dropped == 2
   assert ict_examples.block_sentences(title, [[9], [8]], 288) == ([[9], [8]], 0)
-
-
-def test_reader_mlm_reads_the_sampled_pairs(tok, tmp_path):
-  title, sentences = ids(tok, [TITLE])[0], ids(tok, SENTENCES)
-  path = write_ict_dir(str(tmp_path / "ict"), [
-      contract.serialize_ict_block(i, title, sentences) for i in range(4)],
-      cls_id=tok.cls_id, sep_id=tok.sep_id)
-  task = reader_mlm.ReaderMlmTask(configs.ReaderMlmTaskConfig(
-      model=configs.ReaderConfig(encoder=configs.bert_tiny(tok.vocab_size, 16), seq_length=48),
-      vocab_file=VOCAB, query_seq_length=16, block_seq_length=32, null_block_rate=0.0))
-  data = ict_data(path, 4, False)
-  got = next(iter(task.build_inputs(data)))
-  pairs = next(iter(loaders.get_loader(data, query_seq_length=16,
-                                       block_seq_length=32).load()))
-  for row in range(4):
-    word_ids = got["input_word_ids"][row].numpy().copy()
-    weights = got["masked_lm_weights"][row].numpy() > 0
-    word_ids[got["masked_lm_positions"][row].numpy()[weights]] = (
-        got["masked_lm_ids"][row].numpy()[weights])
-    query = pairs["query_ids"][row].numpy()[pairs["query_mask"][row].numpy() > 0].tolist()
-    block = pairs["block_ids"][row].numpy()
-    body = block[pairs["block_type_ids"][row].numpy() > 0].tolist()  # context [SEP]
-    want = query + body  # At most 16 + 29 wordpieces: nothing cut.
-    assert word_ids[:len(want)].tolist() == want and not word_ids[len(want):].any()

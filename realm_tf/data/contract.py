@@ -67,7 +67,6 @@ BLOCKS_PREFIX = "blocks"
 TFRECORD_SUFFIX = ".tfrecord"
 SENTENCES_PREFIX = "sentences"
 JSONL_SUFFIX = ".jsonl"
-SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 TRAIN_SPLIT = "train"
 EVAL_SPLIT = "eval"
 
@@ -409,28 +408,6 @@ def parse_block_batch(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
   return parsed
 
 
-def read_block_fields(blocks_dir: str, block_ids: Optional[Iterable[int]] = None,
-                      fields: Sequence[str] = ("title", "body")) -> Dict[int, Dict[str, object]]:
-  """``{block_id: {field: value}}`` for the wanted blocks (all when ``block_ids`` is None).
-
-  Scans the shards once, stopping when every wanted block was found; strings are decoded to
-  ``str``. For showing search results.
-  """
-  wanted = None if block_ids is None else set(int(i) for i in block_ids)
-  found = {}
-  dataset = tf.data.TFRecordDataset(block_shard_files(blocks_dir)).batch(1024).map(
-      parse_block_batch)
-  for batch in dataset.as_numpy_iterator():
-    for row, block_id in enumerate(batch["block_id"]):
-      block_id = int(block_id)
-      if wanted is not None and block_id not in wanted:
-        continue
-      found[block_id] = {name: _decode(batch[name][row]) for name in fields}
-    if wanted is not None and len(found) == len(wanted):
-      break
-  return found
-
-
 def pack_block_ids(token_ids: tf.RaggedTensor, seq_length: int, sep_id: int,
                    segment_ids: bool = True) -> Dict[str, tf.Tensor]:
   """Packed, unpadded ids (ragged ``[b, (n)]``) -> fixed int32 model inputs ``[b, seq_length]``.
@@ -674,24 +651,6 @@ def example_files(examples_dir: str, split: str = TRAIN_SPLIT) -> List[str]:
 def read_examples(examples_dir: str, split: str = TRAIN_SPLIT) -> List[Dict]:
   """All examples of one split as plain dicts (for tests and inspection, not for training)."""
   return [example_to_dict(ex) for ex in iter_tf_examples(example_files(examples_dir, split))]
-
-
-def make_dataset(examples_dir: str, split: str, parse_fn, shuffle_files: bool = False,
-                 **parse_kwargs) -> tf.data.Dataset:
-  """A tf.data pipeline over one split, each record parsed with ``parse_fn``.
-
-  Example::
-
-    ds = make_dataset(d, "train", parse_pretrain_example, with_host_features=False)
-  """
-  files = example_files(examples_dir, split)
-  if not files:
-    raise MissingDataError(f"no {split}-*{TFRECORD_SUFFIX} files in {examples_dir}")
-  ds = tf.data.Dataset.from_tensor_slices(files)
-  if shuffle_files:
-    ds = ds.shuffle(len(files))
-  ds = ds.interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.map(lambda s: parse_fn(s, **parse_kwargs), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def read_sentences(sentences_dir: str) -> Iterator[Dict]:
