@@ -15,7 +15,7 @@ import logging
 from absl import app
 from absl import flags
 
-from realm_tf.data import contract
+from realm_tf.data import features
 
 
 def define_vocab_flags() -> None:
@@ -42,7 +42,7 @@ def define_num_shards() -> None:
 def define_example_flags() -> None:
   """The flags of both example pipelines (pre-training and ICT): ``--query_seq_length``, the
   split flags and ``--num_shards``."""
-  flags.DEFINE_integer("query_seq_length", contract.QUERY_SEQ_LENGTH, "Wordpieces per query.")
+  flags.DEFINE_integer("query_seq_length", features.QUERY_SEQ_LENGTH, "Wordpieces per query.")
   define_split_flags()
   define_num_shards()
 

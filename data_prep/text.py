@@ -1,6 +1,7 @@
 """Small text utilities shared by the pipelines: sentence spans, byte offsets, hashes.
 
-Block uids, fingerprints and file hashes are the data contract's (``realm_tf.data.contract``).
+Block uids, fingerprints and file hashes are the data contract's (``realm_tf.data.features``,
+``realm_tf.data.manifests``).
 """
 
 import hashlib

@@ -249,7 +249,7 @@ def main(argv):
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
 
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
@@ -257,7 +257,7 @@ def main(argv):
   _say(f"writing everything under {out}")
   world, files, prepared, reading = prepare_data(out)
   dirs, vocab = prepared["dirs"], files["vocab"]
-  num_blocks = contract.load_blocks_manifest(dirs["blocks"])["num_blocks"]
+  num_blocks = manifests.load_blocks_manifest(dirs["blocks"])["num_blocks"]
   _say(f"world: {len(world.articles)} articles -> {num_blocks} blocks, "
        f"{prepared['pretrain']['num_train']} masked training sentences, "
        f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT blocks; "

@@ -10,7 +10,7 @@ from data_prep import blocks as blocks_pipeline
 from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data.loaders import InputError
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.retrieval import candidates
@@ -79,7 +79,7 @@ def demo(tmp_path_factory):
   config = config.replace(reader=config.reader.replace(seq_length=40))
   tokenizer = RealmTokenizer(files["vocab"])
   store = block_store.BlockStore.open(blocks_dir, store_dir=str(root / "store"))
-  blocks = contract.read_blocks(blocks_dir)
+  blocks = manifests.read_blocks(blocks_dir)
   model = perturbed(config)
   packed = candidates.pack_blocks(blocks, config.retriever.block_seq_length, tokenizer.cls_id,
                                   tokenizer.sep_id)

@@ -22,7 +22,7 @@ from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.modeling import factory
 from realm_tf.modeling.models import OpenQaModel, tower_inputs
 from realm_tf.openqa import inputs as inputs_lib
@@ -655,7 +655,7 @@ def test_end_to_end_train_eval_and_answer(trained):
   # Answers with evidence, from the best checkpoint by default.
   qa = realm_tf.OpenQA.load(model_dir, t["index_dir"])
   assert qa.checkpoint.startswith(os.path.join(model_dir, "best_ckpt"))
-  fields = contract.read_blocks(t["blocks_dir"])   # sorted by block_id
+  fields = manifests.read_blocks(t["blocks_dir"])   # sorted by block_id
   asked = [d["question"] for d in _read_qa(t["files"]["qa_test"])][:4] + ["who is Zanzibar?"]
   answers = qa.answer(asked, batch_size=2)
   assert [a.question for a in answers] == asked
@@ -686,9 +686,9 @@ def test_bad_inputs(trained, tmp_path):
   # An index with the blocks of another corpus.
   other = str(tmp_path / "other_blocks")
   testing.make_corpus(other, t["vocab"], 12, block_seq_length=48)
-  with pytest.raises(contract.DataError) as e:
+  with pytest.raises(manifests.DataError) as e:
     openqa_task.open_index(t["index_dir"], other)
   assert other in str(e.value) and t["index_dir"] in str(e.value)
   assert "another corpus" in str(e.value)
-  with pytest.raises(contract.DataError, match="LATEST"):
+  with pytest.raises(manifests.DataError, match="LATEST"):
     openqa_task.open_index(str(tmp_path / "no_index"))

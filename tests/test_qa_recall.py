@@ -21,7 +21,7 @@ from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
@@ -93,7 +93,7 @@ def _towers(params, path):
 def _numpy_top(model, w, questions):
   """The exact top ``TOP`` block ids of each question and the block bodies, from the towers
   applied directly and NumPy."""
-  blocks = contract.read_blocks(w["blocks"])
+  blocks = manifests.read_blocks(w["blocks"])
   tokenizer = RealmTokenizer(w["vocab"])
   # [CLS] title [SEP] body [SEP] (the stored token_ids, made for LB), segment 1 after the
   # first [SEP], zero-padded to LB.

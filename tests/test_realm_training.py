@@ -20,8 +20,8 @@ from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
 from realm_tf.tasks import ict
@@ -174,7 +174,7 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
   # Held-out evaluation (--mode=eval) runs on the result.
   result = train_lib.run_experiment(params, model_dir, mode="eval")
   assert 0.0 <= result["recall@5"] <= 1.0
-  held_out = len(contract.read_examples(p["pretrain"], contract.EVAL_SPLIT))
+  held_out = len(manifests.read_examples(p["pretrain"], manifests.EVAL_SPLIT))
   assert result["examples"] == held_out > 0   # every held-out sentence, once
   assert {"retrieval_utility", "mlm_accuracy", "validation_loss"} <= set(result)
 

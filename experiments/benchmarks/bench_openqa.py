@@ -57,7 +57,7 @@ import tf_keras
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.modeling import models
 from realm_tf.openqa import predict
 from realm_tf.retrieval import refresher
@@ -119,8 +119,8 @@ def make_synthetic(work: str):
       f"task.model.reader.encoder.vocab_size={n}"])).task.model
   blocks_dir = os.path.join(work, "blocks")
   titles, bodies = make_blocks(world.articles)
-  contract.write_blocks(blocks_dir, titles, bodies, RealmTokenizer(vocab),
-                        model_config.retriever.block_seq_length)
+  manifests.write_blocks(blocks_dir, titles, bodies, RealmTokenizer(vocab),
+                         model_config.retriever.block_seq_length)
   model_dir = os.path.join(work, "model")
   model_dir_lib.write_metadata(model_dir, model_config, vocab)
   tf_keras.utils.set_random_seed(0)

@@ -14,11 +14,11 @@ from realm_tf import checkpoint_convert
 from realm_tf import configs
 from realm_tf import model_dir
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import manifests
 
 # Errors a user can cause with a bad path, file or flag: reported on one line, exit status 2.
 USER_ERRORS = (configs.ConfigError, checkpoint_convert.ConversionError,
-               model_dir.ModelDirError, tokenization.VocabError, contract.DataError,
+               model_dir.ModelDirError, tokenization.VocabError, manifests.DataError,
                FileNotFoundError, app.UsageError)
 
 

@@ -33,7 +33,7 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf.data import answers as answers_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import inputs as inputs_lib
 
@@ -194,10 +194,10 @@ def read_predictions(path: str) -> Tuple[Dict[str, str], List[str]]:
   skipped and reported as ``"<path>:<line>: <why>"`` (also logged); empty lines are ignored.
 
   Raises:
-    contract.MissingDataError: ``path`` does not exist.
+    manifests.MissingDataError: ``path`` does not exist.
   """
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(f"predictions file not found: {path}")
+    raise manifests.MissingDataError(f"predictions file not found: {path}")
   predictions, problems = {}, []
   with tf.io.gfile.GFile(path, "rb") as f:
     for i, raw in enumerate(f, start=1):
@@ -233,7 +233,7 @@ def score_predictions(predictions_path: str,
     reference's) and ``skipped_prediction_lines`` (malformed lines, skipped).
 
   Raises:
-    contract.MissingDataError: no predictions file.
+    manifests.MissingDataError: no predictions file.
     ValueError: no references.
   """
   if not references:

@@ -22,7 +22,8 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.data.loaders import InputError
 
 
@@ -30,13 +31,13 @@ def pack_blocks(blocks: List[Dict], seq_length: int, cls_id: int, sep_id: int):
   """Blocks (``token_ids`` = ``[CLS] title [SEP] body [SEP]``) -> fixed-length arrays.
 
   Row ``len(blocks)`` is the null block ``[CLS] [SEP] [SEP]``. The packing is the refresher's
-  (``contract.pack_block_ids``), so the trainer rescores exactly what the index
+  (``features.pack_block_ids``), so the trainer rescores exactly what the index
   embedded. Returns ``word_ids``, ``mask``, ``type_ids`` (int32 ``[n + 1, seq_length]``) and
   ``bodies``: per row, the body tokens with their closing ``[SEP]`` (for the reader).
   """
   rows = [np.asarray(b["token_ids"], np.int32) for b in blocks]
   rows.append(np.array([cls_id, sep_id, sep_id], np.int32))
-  packed = contract.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
+  packed = features.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
                                    sep_id)
   bodies = [tokens[int(np.argmax(tokens == sep_id)) + 1:] for tokens in rows]
   return (packed["input_word_ids"].numpy(), packed["input_mask"].numpy(),
@@ -67,7 +68,7 @@ class CandidateBuilder:
   them. Either way the features are the same.
 
   Args:
-    blocks: the corpus: a ``BlockStore``, or the blocks as ``contract.read_blocks`` returns
+    blocks: the corpus: a ``BlockStore``, or the blocks as ``manifests.read_blocks`` returns
       them (``block_id`` = row).
     model_config: the ``RealmModelConfig`` (sequence lengths, number of candidates).
     handle: an ``IndexHandle`` (``search``, ``maybe_swap``, ``step``,

@@ -24,7 +24,7 @@ replicas instead, and each step retrieves with the query tower it is training:
      others); an all-reduce (sum) gives every replica all of them; keep this replica's;
   5. put the null block ``[CLS] [SEP] [SEP]`` first and build the block inputs and the
      reader's ``[CLS] query [SEP] body [SEP]``, by the host builder's rules
-     (``contract.pack_block_ids``, ``CandidateBuilder.reader_inputs``).
+     (``features.pack_block_ids``, ``CandidateBuilder.reader_inputs``).
   The model then rescores these candidates with its current towers, as on the host path.
 
 The search is exact (recall 1.0): per step ``2 B n d`` FLOPs split over the replicas (1.75
@@ -269,7 +269,7 @@ class DeviceRetriever(tf.Module):
 
 
 def _packed(tokens, lengths, first_sep, seq_length: int, sep_id: int) -> Dict[str, tf.Tensor]:
-  """``contract.pack_block_ids`` of unpadded token rows ``[..., W]`` (``lengths``), on device."""
+  """``features.pack_block_ids`` of unpadded token rows ``[..., W]`` (``lengths``), on device."""
   width = tokens.shape[-1]
   if width < seq_length:
     tokens = tf.pad(tokens, [[0, 0], [0, 0], [0, seq_length - width]])

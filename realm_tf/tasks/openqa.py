@@ -53,8 +53,8 @@ from official.core import task_factory
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling import openqa_losses
@@ -175,7 +175,7 @@ class OpenQaTask(base.RealmBaseTask):
       if not cfg.blocks_dir:
         raise configs.ConfigError("trainable_blocks needs task.blocks_dir (the refresher "
                                   "builds the first index from ckpt-0)")
-      num_blocks = int(contract.load_blocks_manifest(cfg.blocks_dir)["num_blocks"])
+      num_blocks = int(manifests.load_blocks_manifest(cfg.blocks_dir)["num_blocks"])
     else:
       num_blocks = len(self.builder().bodies)
     batch = loaders.per_replica_batch_size(params.global_batch_size, input_context)
@@ -333,7 +333,7 @@ def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int]
     time.sleep(1.0)
   if not tf.io.gfile.exists(latest):
     waited = f" within {wait_seconds:.0f}s" if wait_seconds else ""
-    raise contract.MissingDataError(
+    raise manifests.MissingDataError(
         f"no index in {index_dir} (no LATEST){waited}; build one with realm-index build, or "
         f"(trainable_blocks) run realm-refresh --index_dir={index_dir} on the model dir")
   with tf.io.gfile.GFile(latest) as f:
@@ -341,10 +341,10 @@ def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int]
   manifest = mips_index.read_manifest(path)
   blocks_dir = blocks_dir or manifest.get("blocks_dir", "")
   if not blocks_dir:
-    raise contract.DataError(f"{path}: the index does not name its blocks dir; give blocks_dir")
-  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+    raise manifests.DataError(f"{path}: the index does not name its blocks dir; give blocks_dir")
+  blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
   if manifest.get("corpus_fingerprint") != blocks_manifest["fingerprint"]:
-    raise contract.DataError(
+    raise manifests.DataError(
         f"the index {path} was built over another corpus than {blocks_dir} (fingerprint "
         f"{manifest.get('corpus_fingerprint')} != {blocks_manifest['fingerprint']})")
   handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=blocks_manifest["fingerprint"],

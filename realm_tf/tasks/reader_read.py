@@ -26,8 +26,8 @@ from official.core import task_factory
 from realm_tf import configs
 from realm_tf import modeling
 from realm_tf.data import answers
-from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.modeling import losses
 from realm_tf.tasks import base
 from realm_tf.modeling.models import ReaderModel, read_candidates
@@ -80,7 +80,7 @@ def reading_features(loader: loaders.MaskedExamplesLoader, blocks_dir: str,
                      model: configs.RealmModelConfig, cls_id: int, sep_id: int,
                      ignore_ids=()) -> Dict[str, np.ndarray]:
   """Reader inputs over (null, reading block) for every masked sentence of one corpus."""
-  blocks = contract.read_blocks(blocks_dir)
+  blocks = manifests.read_blocks(blocks_dir)
   examples = loader.read_all()
   builder = candidates_lib.CandidateBuilder(blocks, model.replace(num_candidates=2), None,
                                             cls_id, sep_id)

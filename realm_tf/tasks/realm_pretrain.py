@@ -33,8 +33,8 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
@@ -113,7 +113,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     from realm_tf.retrieval.handle import IndexHandle  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
     blocks_dir = cfg.train_data.blocks_dir
-    manifest = contract.load_blocks_manifest(blocks_dir)
+    manifest = manifests.load_blocks_manifest(blocks_dir)
     if handle is None:
       handle = IndexHandle(cfg.index_dir, expected_fingerprint=manifest["fingerprint"],
                            expected_dim=cfg.model.retriever.projection_size,
