@@ -61,7 +61,6 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.data import features
 from realm_tf.data import manifests
 
 FORMAT = 2

@@ -23,7 +23,6 @@ from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.data import block_store
 from realm_tf.data import features
-from realm_tf.data import manifests
 from realm_tf.data.loaders import InputError
 
 
