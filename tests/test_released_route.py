@@ -25,11 +25,11 @@ from realm_tf import modeling
 from realm_tf.data import features as features_lib
 from realm_tf.data import manifests
 from realm_tf.data import released
+from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
-from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer
 import test_checkpoint_convert as tf1_helpers  # The TF1 writers of the converter's tests.
 
@@ -462,7 +462,7 @@ class ReleasedRouteTest(tf.test.TestCase):
     # The model's own logits on the same inputs (the beam retrieved with the NumPy queries).
     features = qa.builder.features(questions, ref["query"].astype(np.float32))
     self.assertAllEqual(features["beam_ids"], beams)
-    out = qa.model({k: tf.constant(features[k]) for k in openqa_task.MODEL_FEATURES},
+    out = qa.model({k: tf.constant(features[k]) for k in host.MODEL_FEATURES},
                    training=False)
     self.assertAllClose(out["retriever_logits"],
                         np.take_along_axis(retriever_logits, beams, axis=1), rtol=0, atol=1e-4)

@@ -59,6 +59,7 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import manifests
 from realm_tf.modeling import models
+from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import refresher
 from realm_tf.tasks import openqa as openqa_task
@@ -139,7 +140,7 @@ def make_synthetic(work: str):
 
 
 def read_questions(path: str):
-  return openqa_task.load_questions(configs.OpenQaDataConfig(input_path=path))
+  return inputs_lib.load_questions(path)
 
 
 # ---------------------------------------------------------------------- 1. latency --

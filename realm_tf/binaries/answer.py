@@ -28,6 +28,9 @@ flags.DEFINE_string("blocks_dir", None, "The index's corpus (default: the one it
 flags.DEFINE_string("checkpoint", None,
                     "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
 flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question.", lower_bound=1)
+flags.DEFINE_integer("retriever_beam_size", None,
+                     "Blocks retrieved per question, the read ones the best of them (default: "
+                     "--reader_beam_size; capped at the corpus size).", lower_bound=1)
 flags.DEFINE_bool("json", False, "Print one JSON object per question instead of text.")
 flags.DEFINE_integer("snippet_chars", 160, "Characters of block text shown per block.",
                      lower_bound=20)
@@ -84,7 +87,8 @@ def main(argv):
   if not tf.io.gfile.isdir(FLAGS.model_dir):
     raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
   qa = predict.OpenQA.load(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir,
-                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size)
+                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size,
+                           retriever_beam_size=FLAGS.retriever_beam_size)
   answers = qa.answer(questions)
   if FLAGS.json:
     for a in answers:

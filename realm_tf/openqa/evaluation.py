@@ -45,12 +45,6 @@ METRICS_NAME = "metrics.json"
 MAX_LOGGED_PROBLEMS = 20
 
 
-def question_of(record: qa_lib.QARecord) -> inputs_lib.Question:
-  """The model's question of a QA record."""
-  return inputs_lib.Question(record.question, list(record.answers),
-                             record.answer_type == qa_lib.REGEX)
-
-
 def _evidence_row(qa, result: Dict) -> Dict:
   """The rich row of one answered question: its answers, prediction and the blocks read."""
   question = result["question"]
@@ -115,7 +109,7 @@ def evaluate(qa, records: Sequence[qa_lib.QARecord], batch_size: int = 32,
   with tqdm.tqdm(total=len(records), unit="question", desc="realm-eval",
                  disable=not progress) as bar:
     for i in range(0, len(records), batch_size):
-      batch = [question_of(r) for r in records[i:i + batch_size]]
+      batch = [inputs_lib.question_of(r) for r in records[i:i + batch_size]]
       # A short last batch is padded with copies of its last question (their results are
       # dropped), so that every batch has one shape and the model is traced once.
       padded = batch + [batch[-1]] * (min(batch_size, len(records)) - len(batch))

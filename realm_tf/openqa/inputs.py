@@ -21,6 +21,7 @@ characters, not to detokenized wordpieces.
 """
 
 import dataclasses
+import logging
 import re
 import unicodedata
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -29,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data import answers as answers_lib
+from realm_tf.data import qa as qa_lib
 
 FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_ids", "beam_emb",
             "retriever_correct", "reader_word_ids", "reader_mask", "reader_type_ids",
@@ -185,6 +187,20 @@ class Question:
   question: str
   answers: List[str]
   is_regex: bool = False
+
+
+def question_of(record: qa_lib.QARecord) -> Question:
+  """The model's question of a QA record (``realm_tf.data.qa.read_qa``)."""
+  return Question(record.question, list(record.answers), record.answer_type == qa_lib.REGEX)
+
+
+def load_questions(path: str, answer_type: str = "") -> List[Question]:
+  """The questions of a QA file (``answer_type``: ``read_qa``'s, "" for the file's own);
+  malformed lines are skipped and counted (logged)."""
+  records, skipped = qa_lib.read_qa(path, answer_type=answer_type or None)
+  if skipped:
+    logging.warning("%s: skipped %d malformed lines (first: %s)", path, len(skipped), skipped[0])
+  return [question_of(r) for r in records]
 
 
 class OpenQaInputBuilder:

@@ -35,7 +35,6 @@ from realm_tf.data import answers
 from realm_tf.data import block_store
 from realm_tf.data import loaders
 from realm_tf.data import manifests
-from realm_tf.data import qa as qa_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.openqa import inputs as openqa_inputs
@@ -270,13 +269,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     ``query_seq_length`` (as the Open-QA task feeds its query tower); read once."""
     if self._qa is None:
       cfg = self.task_config
-      records, skipped = qa_lib.read_qa(cfg.qa_eval_path,
-                                        answer_type=cfg.qa_answer_type or None)
-      if skipped:
-        logging.warning("%s: skipped %d malformed lines (first: %s)", cfg.qa_eval_path,
-                        len(skipped), skipped[0])
-      questions = [openqa_inputs.Question(r.question, list(r.answers),
-                                          r.answer_type == qa_lib.REGEX) for r in records]
+      questions = openqa_inputs.load_questions(cfg.qa_eval_path, cfg.qa_answer_type)
       tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
       inputs = tokenizer.query_inputs([q.question for q in questions],
                                       seq_length=cfg.model.retriever.query_seq_length)
