@@ -46,7 +46,7 @@ _WORD = re.compile(r"\S+")
 MIN_BODY_BUDGET = 16
 
 
-class InputError(manifests.DataError):
+class CorpusInputError(manifests.DataError):
   """The corpus input cannot be used (unknown format, nothing readable)."""
 
 
@@ -55,7 +55,7 @@ class InputError(manifests.DataError):
 def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
   """``input_spec`` -> ``(kind, files)``, kind in ``xml``, ``jsonl``, ``tfds``.
 
-  Raises InputError / FileNotFoundError with the spec in the message when nothing matches.
+  Raises CorpusInputError / FileNotFoundError with the spec in the message when nothing matches.
   """
   if input_spec.startswith("tfds:"):
     return "tfds", [input_spec[len("tfds:"):]]
@@ -69,7 +69,7 @@ def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
     files.extend(matched)
   kinds = {_file_kind(f) for f in files}
   if len(kinds) != 1:
-    raise InputError(f"corpus files must be all XML dumps or all JSON lines, got {files}")
+    raise CorpusInputError(f"corpus files must be all XML dumps or all JSON lines, got {files}")
   return kinds.pop(), files
 
 
@@ -82,7 +82,7 @@ def _file_kind(path: str) -> str:
     return "xml"
   if name.endswith((".jsonl", ".json", ".ndjson")):
     return "jsonl"
-  raise InputError(f"unknown corpus format for {path}: expected .xml[.bz2] or .jsonl")
+  raise CorpusInputError(f"unknown corpus format for {path}: expected .xml[.bz2] or .jsonl")
 
 
 def parse_jsonl_article(path: str, line_number: int, raw: bytes) -> Tuple[Optional[Dict], str]:
@@ -305,10 +305,10 @@ def _read_tfds(p, name_split: str):
   try:
     builder = tfds.builder(name)
   except Exception as e:  # pylint: disable=broad-except
-    raise InputError(f"unknown TFDS dataset {name!r}: {e}") from e
+    raise CorpusInputError(f"unknown TFDS dataset {name!r}: {e}") from e
   if not tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json")):
-    raise InputError(f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; build it "
-                     f"first (tfds build {name}) or pass a dump / JSON lines file")
+    raise CorpusInputError(f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; "
+                           f"build it first (tfds build {name}) or pass a dump / JSON lines file")
 
   def to_article(ex):
     def s(v):
@@ -366,8 +366,8 @@ def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bo
     counts = stats["counts"]
     num_blocks = stats["blocks"]["num_blocks"]
     if num_blocks == 0:
-      raise InputError(f"no blocks from {input_spec}: every record was dropped or skipped "
-                       f"({counts}); nothing written to {output_dir}")
+      raise CorpusInputError(f"no blocks from {input_spec}: every record was dropped or skipped "
+                             f"({counts}); nothing written to {output_dir}")
     shards = beam_utils.fill_missing_shards(tmp, manifests.BLOCKS_PREFIX, manifests.TFRECORD_SUFFIX)
     manifest = {
         "num_blocks": num_blocks,
@@ -418,4 +418,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, define_flags, extra_errors=(wiki.DumpFormatError,))
+  cli.run(main, define_flags)

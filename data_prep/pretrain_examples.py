@@ -402,7 +402,7 @@ def define_flags() -> None:
   define_masking_flags()
   flags.DEFINE_integer("variants_per_sentence", 8,
                        "Maskings per sentence that training draws from (random_span, uniform; "
-                       "salient uses every usable span).")
+                       "salient uses every usable span).", lower_bound=1)
   flags.DEFINE_integer("max_masks", features.MAX_MASKS, "Masked wordpieces per query, at most.")
   cli.define_example_flags()
   flags.mark_flags_as_required(["sentences_dir", "output_dir"])

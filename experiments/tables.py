@@ -39,6 +39,7 @@ import statistics
 import time
 from typing import Dict, List, Sequence
 
+from absl import app
 from absl import flags
 
 from experiments import demo
@@ -613,7 +614,7 @@ def main(argv):
   from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   tables = sorted(set(FLAGS.table))
   if not set(tables) <= {"1", "2", "3"}:
-    raise ValueError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
+    raise app.UsageError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)

@@ -22,6 +22,8 @@ from official.modeling import hyperparams
 from official.modeling import optimization
 from official.nlp.configs import encoders
 
+from realm_tf import errors
+
 # Sequence lengths of the paper and the released code.
 QUERY_SEQ_LENGTH = 96
 BLOCK_SEQ_LENGTH = 288
@@ -445,7 +447,7 @@ def openqa_cpu() -> cfg.ExperimentConfig:
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
-class ConfigError(ValueError):
+class ConfigError(errors.RealmError, ValueError):
   """An experiment name, YAML file or override that does not fit the config."""
 
 

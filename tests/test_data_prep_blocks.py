@@ -108,7 +108,7 @@ def test_blocks_pipeline_bad_input_and_rerun(tmp_path):
   # A failing run (nothing usable) leaves the previous output untouched and no temp dirs.
   bad = tmp_path / "bad.jsonl"
   _write_corpus(bad, [b"{broken"])
-  with pytest.raises(blocks.InputError):
+  with pytest.raises(blocks.CorpusInputError):
     blocks.run_blocks(str(bad), VOCAB, str(out))
   assert manifests.load_manifest(str(out))["fingerprint"] == m["fingerprint"]
   assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "blocks", "corpus.jsonl"]

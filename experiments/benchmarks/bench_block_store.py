@@ -38,9 +38,10 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
+
+from realm_tf.binaries import cli
 
 flags.DEFINE_integer("num_blocks", 20000, "Blocks in the corpus (1000000 for the full size).")
 flags.DEFINE_integer("before_max_blocks", 100000, "Largest corpus the before path reads; "
@@ -356,4 +357,4 @@ def report(results, n, small):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

@@ -57,6 +57,7 @@ import tf_keras
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
+from realm_tf.binaries import cli
 from realm_tf.data import manifests
 from realm_tf.modeling import models
 from realm_tf.openqa import inputs as inputs_lib
@@ -313,4 +314,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run_main(main)

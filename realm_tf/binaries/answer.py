@@ -20,7 +20,6 @@ import tensorflow as tf
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 from realm_tf.openqa import predict
-from realm_tf.retrieval import errors
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
@@ -80,7 +79,7 @@ def main(argv):
     raise app.UsageError('usage: realm-answer --model_dir=... --index_dir=... "question" ...')
   for i, q in enumerate(questions, 1):
     if not q.strip():
-      raise ValueError(f"question {i} is empty")
+      raise app.UsageError(f"question {i} is empty")
   missing = [f"--{n}" for n in ("model_dir", "index_dir") if not getattr(FLAGS, n)]
   if missing:
     raise app.UsageError(f"missing flags: {', '.join(missing)}")
@@ -98,7 +97,7 @@ def main(argv):
 
 
 def run():
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError, ValueError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ from typing import Callable, Dict, Optional, Type
 import tensorflow as tf
 
 from realm_tf import configs
+from realm_tf import errors
 from realm_tf.data import features
 from realm_tf.data import manifests
 
 _LOADERS: Dict[type, Type] = {}
 
 
-class InputError(ValueError):
+class InputError(errors.RealmError, ValueError):
   """Examples that do not fit the model config or the corpus."""
 
 

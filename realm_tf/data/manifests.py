@@ -40,6 +40,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import errors
 from realm_tf.data import features
 
 MANIFEST = "manifest.json"
@@ -60,7 +61,7 @@ ICT_MANIFEST_KEYS = ("sampling", "remove_prob", "cls_id", "sep_id")
 
 # ------------------------------------------------------------------------------------ errors --
 
-class DataError(ValueError):
+class DataError(errors.RealmError, ValueError):
   """Base class: a data directory, manifest or file that is missing or does not fit."""
 
 

@@ -93,7 +93,7 @@ def evaluate(qa, records: Sequence[qa_lib.QARecord], batch_size: int = 32,
     ``text``; None elsewhere). :func:`prediction_line` cuts a row to ORQA's format.
 
   Raises:
-    ValueError: ``batch_size`` < 1, no records, or an empty question.
+    ValueError: ``batch_size`` < 1 or no records; ``inputs.QuestionError``: an empty question.
   """
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")

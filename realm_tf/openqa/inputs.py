@@ -29,6 +29,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import configs
+from realm_tf import errors
 from realm_tf.data import answers as answers_lib
 from realm_tf.data import qa as qa_lib
 
@@ -182,6 +184,10 @@ def find_regex_spans(block: BlockText, patterns: Sequence[str]) -> List[Tuple[in
   return spans
 
 
+class QuestionError(errors.RealmError, ValueError):
+  """A question that cannot be asked (an empty one)."""
+
+
 @dataclasses.dataclass
 class Question:
   question: str
@@ -231,8 +237,8 @@ class OpenQaInputBuilder:
     if len(bodies) != len(embeddings):
       raise ValueError(f"{len(bodies)} blocks but {len(embeddings)} block embeddings")
     if reader_beam_size > retriever_beam_size:
-      raise ValueError(f"reader_beam_size {reader_beam_size} > retriever_beam_size "
-                       f"{retriever_beam_size}")
+      raise configs.ConfigError(f"reader_beam_size {reader_beam_size} > retriever_beam_size "
+                                f"{retriever_beam_size} (the beam is at most the corpus)")
     if retriever_beam_size > len(bodies):
       raise ValueError(f"retriever_beam_size {retriever_beam_size} is larger than the corpus "
                        f"({len(bodies)} blocks)")
@@ -249,8 +255,8 @@ class OpenQaInputBuilder:
     if trainable_blocks and (blocks is None or block_seq_length <= 0):
       raise ValueError("trainable_blocks needs blocks and block_seq_length")
     if not 0 <= trainable_blocks <= retriever_beam_size:
-      raise ValueError(f"trainable_blocks {trainable_blocks} is not in [0, retriever_beam_size "
-                       f"{retriever_beam_size}]")
+      raise configs.ConfigError(f"trainable_blocks {trainable_blocks} is not in [0, "
+                                f"retriever_beam_size {retriever_beam_size}]")
     self.blocks = blocks
     self.block_seq_length = block_seq_length
     self.trainable_blocks = trainable_blocks

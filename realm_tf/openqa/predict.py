@@ -143,7 +143,7 @@ class OpenQA:
       return []
     for q in questions:
       if not q.question.strip():
-        raise ValueError("empty question")
+        raise inputs_lib.QuestionError("empty question")
     start = time.perf_counter()
     question_inputs = self.builder.question_inputs([q.question for q in questions])
     embeddings = self._embed({f"input_{k[9:]}": tf.constant(v)

@@ -126,8 +126,9 @@ class DeviceRetriever(tf.Module):
       raise InputError(f"the corpus has {n} blocks, {largest} of them with one uid; REALM "
                        f"needs num_candidates - 1 = {self.k - 1} blocks besides a query's own")
     if model_config.reader.seq_length < model_config.retriever.query_seq_length:
-      raise ValueError(f"the reader's seq_length {model_config.reader.seq_length} is shorter "
-                       f"than query_seq_length {model_config.retriever.query_seq_length}")
+      raise configs.ConfigError(
+          f"the reader's seq_length {model_config.reader.seq_length} is shorter than "
+          f"query_seq_length {model_config.retriever.query_seq_length}")
     self.num_shards = self.strategy.num_replicas_in_sync
     self.shard_rows = max(1, math.ceil(n / self.num_shards))
     lengths = np.diff(store._offsets) if n else np.zeros([0])  # pylint: disable=protected-access

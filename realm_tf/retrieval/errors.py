@@ -5,6 +5,7 @@ errors are the data contract's own (``realm_tf.data.manifests``), so a caller ca
 ``CorpusFormatError`` catches both.
 """
 
+from realm_tf import errors as realm_errors
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import manifests
 
@@ -40,5 +41,5 @@ class CheckpointVanishedError(RetrievalError):
   """A checkpoint that was deleted (by the trainer's retention policy) while we read it."""
 
 
-class IndexNotReadyError(TimeoutError):
+class IndexNotReadyError(realm_errors.RealmError, TimeoutError):
   """No index was published in ``index_dir`` within the waiting time."""

@@ -71,7 +71,8 @@ class RealmPretrainTask(base.RealmBaseTask):
   def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
     super().__init__(params, logging_dir=logging_dir, name=name)
     if params.retrieval not in ("host", "device"):
-      raise ValueError(f"task.retrieval must be 'host' or 'device', got {params.retrieval!r}")
+      raise configs.ConfigError(f"task.retrieval must be 'host' or 'device', got "
+                                f"{params.retrieval!r}")
     self._builder = None           # training: retrieves through the published index
     self._device = None            # retrieval: device: the sharded corpus and its index
     self._device_handle = None
