@@ -266,11 +266,11 @@ def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Seque
     os.makedirs(os.path.dirname(model_dir), exist_ok=True)
     for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
       log = f"{model_dir}.{binary}.log"
-      procs.append((demo._run(args, log), f"realm-{binary} ({name}, seed {seed})", log))  # pylint: disable=protected-access
+      procs.append((demo.start_binary(args, log), f"realm-{binary} ({name}, seed {seed})", log))
   if procs:
     _say(f"seed {seed}: REALM pre-training {', '.join(names)} ({FLAGS.realm_steps} steps each, "
          "side by side)")
-    demo._wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))  # pylint: disable=protected-access
+    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   return dirs
 
 
@@ -329,21 +329,21 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
     log = model_dir + ".train.log"
     if label == TRAINABLE_ROW:
       refresh_log = model_dir + ".refresh.log"
-      procs.append((demo._run(  # pylint: disable=protected-access
+      procs.append((demo.start_binary(
           ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
            f"--index_dir={model_dir}_index", f"--blocks_dir={data['dirs']['blocks']}",
            "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
            "--index_type=brute_force", "--progress=false"], refresh_log),
           f"realm-refresh ({label}, seed {seed})", refresh_log))
-    procs.append((demo._run(["realm_tf.binaries.train", "--experiment=openqa_cpu",  # pylint: disable=protected-access
-                             "--mode=train_and_eval", f"--config_file={config_file}",
-                             f"--model_dir={model_dir}",
-                             "--params_override=" + overrides(label, "qa_dev")], log),
+    procs.append((demo.start_binary(["realm_tf.binaries.train", "--experiment=openqa_cpu",
+                                     "--mode=train_and_eval", f"--config_file={config_file}",
+                                     f"--model_dir={model_dir}",
+                                     "--params_override=" + overrides(label, "qa_dev")], log),
                   f"realm-train ({label}, seed {seed})", log))
   if procs:
     _say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
          f"({FLAGS.openqa_steps} steps each)")
-    demo._wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))  # pylint: disable=protected-access
+    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   results, zero_shot = {}, {}
   for label, (retriever, _) in rows.items():
     if label in done and label not in trained_now:
@@ -373,13 +373,10 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
   from the "BERT" reader and from REALM's reader with the null block, REALM's reader given the
   best-ranked block that holds the answer, and REALM's marginal over its top 8."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf.data import answers  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling import losses  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks.realm_pretrain import DEVICE_FEATURES  # pylint: disable=g-import-not-at-top
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   vocab, dirs = data["files"]["vocab"], data["dirs"]
@@ -396,19 +393,9 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
   bert = task.build_model()
   model_dir_lib.restore(model_dir_lib.latest_checkpoint(bert_dir), allow_missing=True,
                         reader=bert.reader)
-  builder = task._builder_over(dirs["blocks"], None)  # pylint: disable=protected-access
-  ids, emb = corpus_embedding.embed_corpus(
-      realm.block_embedder, dirs["blocks"], params.task.model.retriever.block_seq_length, vocab,
-      True, progress=False)
-  index = mips_index.BruteForceIndex(
-      corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=dirs["blocks"]))
-  examples = task._loader(params.task.validation_data).read_all()  # pylint: disable=protected-access
-  q = examples["query_ids"]
-  queries = tf.cast(realm.query_embedder(dict(
-      input_word_ids=q, input_mask=examples["query_mask"], input_type_ids=np.zeros_like(q)),
-      training=False), tf.float32).numpy()
-  ranked, _ = index.search(queries, builder.null_row)
-  top = builder.select_candidates(ranked, examples["source_uid"])
+  builder = task.validation_builder()
+  examples = task.loader(params.task.validation_data).read_all()
+  top, ranked, _ = task.exact_candidates(realm, examples)
   gold = top.copy()
   keep = []
   for i, (row, uid, answer) in enumerate(zip(ranked, examples["source_uid"],
@@ -421,7 +408,7 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
 
   def span_log_p(model, candidates, which):
     out = []
-    for s in range(0, len(q), 64):
+    for s in range(0, len(ranked), 64):
       sl = slice(s, s + 64)
       feats = builder.features({k: v[sl] for k, v in examples.items()}, candidates=candidates[sl])
       outputs = model({k: feats[k] for k in DEVICE_FEATURES}, training=False)

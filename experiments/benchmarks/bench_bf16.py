@@ -127,7 +127,7 @@ def feature_batches(params, count):
   """``count`` batches of device features, retrieved once through the published index."""
   task = realm_pretrain.RealmPretrainTask(params.task)
   builder = task.candidate_builder()
-  examples = task._loader(params.task.train_data).load(None)  # pylint: disable=protected-access
+  examples = task.loader(params.task.train_data).load(None)
   batches = []
   for batch in examples.take(count).as_numpy_iterator():
     features = builder.features(batch)

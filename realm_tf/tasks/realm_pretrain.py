@@ -23,6 +23,7 @@ exactly over the corpus embedded with the current block tower at the start of ea
 """
 
 import logging
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -119,16 +120,19 @@ class RealmPretrainTask(base.RealmBaseTask):
                            expected_dim=cfg.model.retriever.projection_size,
                            wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index)
       handle.wait_for_first()
-    return self._builder_over(blocks_dir, handle)
+    return self.builder_over(blocks_dir, handle)
 
-  def _builder_over(self, blocks_dir, handle):
+  def builder_over(self, blocks_dir: str, handle=None) -> candidates_lib.CandidateBuilder:
+    """The host pipeline over ``blocks_dir``, retrieving through ``handle`` (None: only exact
+    retrieval, ``exact_candidates``)."""
     cfg = self.task_config
     tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
     return candidates_lib.CandidateBuilder.from_blocks_dir(
         blocks_dir, cfg.model, handle, tokenizer.cls_id, tokenizer.sep_id,
         refresh=cfg.refresh_index)
 
-  def _loader(self, params):
+  def loader(self, params: configs.MaskedLmDataConfig) -> loaders.MaskedExamplesLoader:
+    """The masked examples of a data config, at the model's query length and masks."""
     model = self.task_config.model
     return loaders.get_loader(params, query_seq_length=model.retriever.query_seq_length,
                               max_masks=model.max_masks)
@@ -138,7 +142,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     signature["recall_hit"] = tf.TensorSpec([None], tf.float32)
     if not params.is_training:
       return self._validation_inputs(params, input_context, signature)
-    examples = self._loader(params).load(input_context)
+    examples = self.loader(params).load(input_context)
     if self.task_config.retrieval == "device":
       return self._device_inputs(examples, signature)
 
@@ -208,7 +212,7 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   def _validation_inputs(self, params, input_context, signature):
     """Batches of the features that ``validation_begin`` prepared for this pass."""
-    self._eval_loader = self._loader(params)
+    self._eval_loader = self.loader(params)
     batch_size = loaders.per_replica_batch_size(params.global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline = input_context.input_pipeline_id if input_context else 0
@@ -227,38 +231,61 @@ class RealmPretrainTask(base.RealmBaseTask):
     """Embeds the corpus with the current block tower and retrieves for the held-out
     sentences exactly (called by the trainer at the start of each validation pass); with
     ``qa_eval_path``, also for the QA questions, giving this pass's ``qa_recall@k``."""
-    from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
-    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
-    blocks_dir = cfg.validation_data.blocks_dir or cfg.train_data.blocks_dir
-    if self._eval_builder is None:
-      self._eval_builder = self._builder_over(blocks_dir, None)
-    builder = self._eval_builder
-    retriever = cfg.model.retriever
-    ids, emb = corpus_embedding.embed_corpus(
-        model.block_embedder, blocks_dir, retriever.block_seq_length, cfg.model.vocab_file,
-        cfg.model.lower_case, progress=False)
-    index = mips_index.BruteForceIndex(
-        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+    builder = self.validation_builder()
     examples = self._eval_loader.read_all()
-    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
     depth = min(max(cfg.recall_at, builder.k - 1) + builder.search_slack, builder.null_row)
-    ranked, _ = index.search(queries, depth)
+    candidates, ranked, index = self.exact_candidates(model, examples, depth)
     hits = [any(answers.holds_answer(builder.bodies_text[b], answer)
                 for b in builder.non_trivial(row, uid)[:cfg.recall_at])
             for row, uid, answer in zip(ranked, examples["source_uid"], examples["answer"])]
-    candidates = builder.select_candidates(ranked, examples["source_uid"])
     features = builder.features(examples, candidates=candidates)
     self._eval_features = dict({k: features[k] for k in DEVICE_FEATURES},
                                recall_hit=np.asarray(hits, np.float32))
     self._qa_logs = self._qa_recall(model, index, builder) if cfg.qa_eval_path else {}
 
+  def validation_blocks_dir(self) -> str:
+    """The validation corpus: ``validation_data.blocks_dir``, else ``train_data``'s."""
+    cfg = self.task_config
+    return cfg.validation_data.blocks_dir or cfg.train_data.blocks_dir
+
+  def validation_builder(self) -> candidates_lib.CandidateBuilder:
+    """The candidate builder over the validation corpus, for exact retrieval; built once."""
+    if self._eval_builder is None:
+      self._eval_builder = self.builder_over(self.validation_blocks_dir())
+    return self._eval_builder
+
+  def exact_candidates(self, model: RealmPretrainer, examples, depth: Optional[int] = None):
+    """Exact retrieval with ``model``'s current towers over the whole validation corpus.
+
+    The corpus is embedded with the block tower and searched exactly for the queries of
+    ``examples`` (a loader's ``read_all()``) embedded with the query tower; each query's
+    candidates are picked by the training rules (``CandidateBuilder.select_candidates``).
+
+    Returns:
+      ``(candidates, ranked, index)``: the block ids of each query's candidates
+      ``[n, num_candidates]`` (the null block first), its top ``depth`` block ids (default:
+      the whole corpus) and the brute-force index, for searches with other queries.
+    """
+    from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
+    model_config, blocks_dir = self.task_config.model, self.validation_blocks_dir()
+    builder = self.validation_builder()
+    ids, emb = corpus_embedding.embed_corpus(
+        model.block_embedder, blocks_dir, model_config.retriever.block_seq_length,
+        model_config.vocab_file, model_config.lower_case, progress=False)
+    index = mips_index.BruteForceIndex(
+        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
+    ranked, _ = index.search(queries, depth or builder.null_row)
+    return builder.select_candidates(ranked, examples["source_uid"]), ranked, index
+
   def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:
     """Query-tower embeddings (float32 ``[n, dim]``) of ``[CLS] ... [SEP]`` inputs."""
-    if self._embed_query is None:
-      self._embed_query = tf.function(
+    if self._embed_query is None or self._embed_query[0] is not model:
+      self._embed_query = model, tf.function(
           lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
-    embed = self._embed_query
+    embed = self._embed_query[1]
     return np.concatenate([
         embed(dict(input_word_ids=word_ids[i:i + EMBED_BATCH],
                    input_mask=mask[i:i + EMBED_BATCH],
