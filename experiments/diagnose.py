@@ -31,7 +31,8 @@ flags.DEFINE_integer("diagnose_seeds", 1, "Seeds per variant (0, 1, ...).")
 flags.DEFINE_bool("list", False, "Print the variants and exit.")
 flags.DEFINE_integer("parallel", 2, "Runs side by side (each with its refresher).")
 
-# name -> (what it tests, overrides of the REALM run).
+# name -> (what it tests, overrides of the REALM run[, warm starts: {"bert"|"ict": (variant
+# warm start's name, its extra overrides)}]).
 VARIANTS: Dict[str, tuple] = {
     "baseline": ("the tables' recipe with the faithful defaults (BERT's warm-up and epsilon)",
                  []),
@@ -41,7 +42,18 @@ VARIANTS: Dict[str, tuple] = {
                 ["task.model.retriever.projection_dropout=0.1"]),
     "lr_3e-5": ("the paper's learning rate", ["trainer.optimizer_config.learning_rate."
                                               "polynomial.initial_learning_rate=3e-5"]),
+    "freeze_100": ("the retriever frozen for the first 100 steps (Atlas): the reader first "
+                   "learns to read ICT's candidates", ["task.retriever_freeze_steps=100"]),
+    "distractors_2": ("a reading warm start with 2 distractor blocks beside the answer block",
+                      [], {"bert": ("bert_distractors_2", ["task.distractors=2"])}),
 }
+
+
+def variant_warm(name: str, warm: Dict[str, str]) -> Dict[str, str]:
+  """The warm starts of a variant: the tables' own, or the variant's replacements."""
+  replaced = VARIANTS[name][2] if len(VARIANTS[name]) > 2 else {}
+  return dict(warm, **{stage: warm[replacement] for stage, (replacement, _) in
+                       replaced.items()})
 
 
 SHOWN = ("qa_recall@5", "recall@5", "retrieval_utility", "retrieval_entropy_ratio", "p_null",
@@ -92,8 +104,9 @@ def plot(out: str, runs: Dict[str, Dict[int, Dict[str, List]]]) -> str:
 def main(argv):
   del argv
   if FLAGS.list:
-    for name, (what, overrides) in VARIANTS.items():
-      print(f"{name:16s} {what}\n{'':16s} {' '.join(overrides) or '(no override)'}")
+    for name, (what, overrides, *warm) in VARIANTS.items():
+      print(f"{name:16s} {what}\n{'':16s} {' '.join(overrides) or '(no override)'} "
+            f"{warm[0] if warm else ''}")
     return
   unknown = [v for v in FLAGS.variants if v not in VARIANTS]
   if unknown:
@@ -103,7 +116,12 @@ def main(argv):
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
   data = tables.prepare(out)
-  warm = tables.warm_starts(out, data)
+  extra_warm = {}
+  for name in FLAGS.variants:
+    for stage, (replacement, overrides) in (VARIANTS[name][2] if len(VARIANTS[name]) > 2
+                                            else {}).items():
+      extra_warm[replacement] = (stage, overrides)
+  warm = tables.warm_starts(out, data, extra_warm)
   jobs = [(name, seed) for name in FLAGS.variants for seed in range(FLAGS.diagnose_seeds)]
   todo = [(n, s) for n, s in jobs
           if not model_dir_lib.training_done(os.path.join(out, "diagnose", f"{n}_s{s}"))]
@@ -111,7 +129,7 @@ def main(argv):
     procs = []
     for name, seed in todo[i:i + FLAGS.parallel]:
       procs += tables.start_pretrain(os.path.join(out, "diagnose", f"{name}_s{seed}"), data,
-                                     warm, seed, extra=VARIANTS[name][1])
+                                     variant_warm(name, warm), seed, extra=VARIANTS[name][1])
     tables._say(f"diagnose: {', '.join(f'{n} (seed {s})' for n, s in todo[i:i + FLAGS.parallel])}")  # pylint: disable=protected-access
     demo._wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))  # pylint: disable=protected-access
   runs: Dict[str, Dict[int, Dict[str, List]]] = {}

@@ -37,7 +37,7 @@ import math
 import os
 import statistics
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from absl import flags
 
@@ -176,8 +176,14 @@ def prepare(out: str) -> Dict:
 
 
 # ---------------------------------------------------------------------------- warm starts --
-def warm_starts(out: str, data: Dict) -> Dict[str, str]:
-  """The "BERT" reader (reading warm start) and the ICT retriever, trained once."""
+def warm_starts(out: str, data: Dict, variants: Optional[Dict[str, tuple]] = None
+                ) -> Dict[str, str]:
+  """The "BERT" reader (reading warm start) and the ICT retriever, trained once each.
+
+  ``variants``: more warm starts, ``{name: (stage, overrides)}`` (``stage`` "bert" or "ict"),
+  each trained into ``out/<name>`` with the stage's settings and the extra overrides.
+  Returns ``{name: model_dir}`` for both stages and every variant.
+  """
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
@@ -196,8 +202,11 @@ def warm_starts(out: str, data: Dict) -> Dict[str, str]:
               [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
                f"task.train_data.input_path={os.path.join(data['dirs']['ict'], 'train-*')}"]),
   }
+  runs = {name: (name, []) for name in stages}
+  runs.update(variants or {})
   dirs = {}
-  for name, (experiment, steps, lr, yamls, overrides) in stages.items():
+  for name, (stage, extra) in runs.items():
+    experiment, steps, lr, yamls, overrides = stages[stage]
     model_dir = os.path.join(out, name)
     dirs[name] = model_dir
     if model_dir_lib.training_done(model_dir):
@@ -205,7 +214,7 @@ def warm_starts(out: str, data: Dict) -> Dict[str, str]:
       continue
     params = configs.load_experiment(
         experiment, [os.path.join(demo.CONFIG_DIR, f"{experiment}__demo.yaml"), *yamls],
-        ",".join(overrides + demo.schedule(steps, lr)))
+        ",".join(overrides + demo.schedule(steps, lr) + list(extra)))
     _say(f"{name} warm start ({steps} steps) -> {model_dir}")
     train_lib.run_experiment(params, model_dir, mode="train")
   return dirs
