@@ -112,6 +112,7 @@ def main(argv):
   if unknown:
     raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
