@@ -37,7 +37,7 @@ import math
 import os
 import statistics
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -177,8 +177,14 @@ def prepare(out: str) -> Dict:
 
 
 # ---------------------------------------------------------------------------- warm starts --
-def warm_starts(out: str, data: Dict) -> Dict[str, str]:
-  """The "BERT" reader (reading warm start) and the ICT retriever, trained once."""
+def warm_starts(out: str, data: Dict, variants: Optional[Dict[str, tuple]] = None
+                ) -> Dict[str, str]:
+  """The "BERT" reader (reading warm start) and the ICT retriever, trained once each.
+
+  ``variants``: more warm starts, ``{name: (stage, overrides)}`` (``stage`` "bert" or "ict"),
+  each trained into ``out/<name>`` with the stage's settings and the extra overrides.
+  Returns ``{name: model_dir}`` for both stages and every variant.
+  """
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
@@ -197,8 +203,11 @@ def warm_starts(out: str, data: Dict) -> Dict[str, str]:
               [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
                f"task.train_data.input_path={os.path.join(data['dirs']['ict'], 'train-*')}"]),
   }
+  runs = {name: (name, []) for name in stages}
+  runs.update(variants or {})
   dirs = {}
-  for name, (experiment, steps, lr, yamls, overrides) in stages.items():
+  for name, (stage, extra) in runs.items():
+    experiment, steps, lr, yamls, overrides = stages[stage]
     model_dir = os.path.join(out, name)
     dirs[name] = model_dir
     if model_dir_lib.training_done(model_dir):
@@ -206,14 +215,14 @@ def warm_starts(out: str, data: Dict) -> Dict[str, str]:
       continue
     params = configs.load_experiment(
         experiment, [os.path.join(demo.CONFIG_DIR, f"{experiment}__demo.yaml"), *yamls],
-        ",".join(overrides + demo.schedule(steps, lr)))
+        ",".join(overrides + demo.schedule(steps, lr) + list(extra)))
     _say(f"{name} warm start ({steps} steps) -> {model_dir}")
     train_lib.run_experiment(params, model_dir, mode="train")
   return dirs
 
 
 # ------------------------------------------------------------------------- pre-training --
-def pretrain_overrides(data, name, masking, index_dir, seed, warm, plotted):
+def pretrain_overrides(data, masking, index_dir, seed, warm, plotted, extra=()):
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   n = demo.vocab_size(vocab)
   every = FLAGS.refresh_every
@@ -232,7 +241,36 @@ def pretrain_overrides(data, name, masking, index_dir, seed, warm, plotted):
   ]
   if plotted:
     overrides.append(f"task.qa_eval_path={data['files']['qa_dev']}")
-  return ",".join(overrides + demo.schedule(FLAGS.realm_steps, FLAGS.realm_learning_rate))
+  return ",".join(overrides + demo.schedule(FLAGS.realm_steps, FLAGS.realm_learning_rate) +
+                  list(extra))
+
+
+def start_pretrain(model_dir, data, warm, seed, masking="salient", min_interval=0,
+                   plotted=True, extra=()):
+  """Starts one REALM pre-training run in ``model_dir`` beside its refresher (its index in
+  ``model_dir + "_index"``; at most every ``min_interval`` steps); ``plotted``: validate
+  every ``validation_every`` steps, with the dev questions' QA recall; ``extra``: more
+  overrides. Returns the ``(process, name, log)`` triples for ``demo.wait_all``."""
+  index_dir = model_dir + "_index"
+  name = os.path.basename(model_dir)
+  refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+                    f"--index_dir={index_dir}", f"--blocks_dir={data['dirs']['blocks']}",
+                    "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
+                    "--index_type=brute_force", "--progress=false",
+                    f"--min_step_interval={min_interval}"]
+  trainer_args = [
+      "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+      "--mode=" + ("train_and_eval" if plotted else "train"),
+      f"--config_file={os.path.join(demo.CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
+      f"--model_dir={model_dir}",
+      "--params_override=" + pretrain_overrides(data, masking, index_dir, seed, warm, plotted,
+                                                extra)]
+  os.makedirs(os.path.dirname(model_dir), exist_ok=True)
+  procs = []
+  for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
+    log = f"{model_dir}.{binary}.log"
+    procs.append((demo.start_binary(args, log), f"realm-{binary} ({name}, seed {seed})", log))
+  return procs
 
 
 def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Sequence[str]):
@@ -245,28 +283,12 @@ def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Seque
   for name in names:
     masking, interval = PRETRAIN_RUNS[name]
     model_dir = os.path.join(out, f"seed{seed}", name)
-    index_dir = model_dir + "_index"
     dirs[name] = model_dir
     if model_dir_lib.training_done(model_dir):
       continue
     min_interval = FLAGS.refresh_every * (interval or FLAGS.staleness) if interval != 1 else 0
-    refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
-                      f"--index_dir={index_dir}", f"--blocks_dir={data['dirs']['blocks']}",
-                      "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
-                      "--index_type=brute_force", "--progress=false",
-                      f"--min_step_interval={min_interval}"]
-    plotted = name in ("realm", "stale")
-    trainer_args = [
-        "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
-        "--mode=" + ("train_and_eval" if plotted else "train"),
-        f"--config_file={os.path.join(demo.CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
-        f"--model_dir={model_dir}",
-        "--params_override=" + pretrain_overrides(data, name, masking, index_dir, seed, warm,
-                                                  plotted)]
-    os.makedirs(os.path.dirname(model_dir), exist_ok=True)
-    for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
-      log = f"{model_dir}.{binary}.log"
-      procs.append((demo.start_binary(args, log), f"realm-{binary} ({name}, seed {seed})", log))
+    procs += start_pretrain(model_dir, data, warm, seed, masking, min_interval,
+                            plotted=name in ("realm", "stale"))
   if procs:
     _say(f"seed {seed}: REALM pre-training {', '.join(names)} ({FLAGS.realm_steps} steps each, "
          "side by side)")

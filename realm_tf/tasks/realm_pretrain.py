@@ -20,6 +20,14 @@ exactly over the corpus embedded with the current block tower at the start of ea
   ``qa_questions``, how many questions were asked. These two are computed on the host in
   ``validation_begin`` and reach the validation logs and summaries through
   ``reduce_aggregated_logs``.
+
+Training and validation also log the retrieval-health signals (``realm_tf.health``: entropy
+ratio, ``p_null``, score margin, candidates holding the answer, the reader's gain from answer
+and other blocks, tower cosines, distinct candidates) and ``skipped_duplicates``: the share of
+examples whose retrieved blocks repeat a uid, which REALM's example generator skips (here their
+mask weights are zeroed, so they add nothing to the loss). ``check_health`` turns the logged
+values into alarms (``task.health``); the trainer calls it after every training loop and
+validation pass, and the validation's one-line health report is printed.
 """
 
 import logging
@@ -31,6 +39,7 @@ import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
+from realm_tf import health as health_lib
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.data import block_store
@@ -46,8 +55,11 @@ from realm_tf.tokenization import RealmTokenizer
 
 DEVICE_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "candidate_word_ids",
                    "candidate_mask", "candidate_type_ids", "reader_word_ids", "reader_mask",
-                   "reader_type_ids", "mlm_positions", "mlm_ids", "mlm_weights", "index_step")
-VALIDATION_FEATURES = DEVICE_FEATURES + ("recall_hit",)
+                   "reader_type_ids", "mlm_positions", "mlm_ids", "mlm_weights", "index_step",
+                   "candidate_rows", "skipped_duplicates")
+# What only host retrieval knows: which candidates hold the masked answer (health signals).
+HOST_PATH_FEATURES = DEVICE_FEATURES + ("candidate_holds_answer",)
+VALIDATION_FEATURES = HOST_PATH_FEATURES + ("recall_hit",)
 EMBED_BATCH = 256   # queries per call of the query tower in validation_begin
 
 
@@ -57,17 +69,21 @@ def replica_loss(model, features, training: bool):
   The loss is the mean over all real mask tokens of the global batch of
   ``-log sum_z p(z|x) p(y_j|z,x)``; each replica returns its share (its token sum divided by
   the all-reduced global token count), so summing over replicas gives the global mean and the
-  gradients need no further scaling under any strategy.
+  gradients need no further scaling under any strategy. The metrics (``losses.realm_metrics``)
+  also carry the model's ``retrieval_logits`` and embeddings, for the health signals.
   """
   out = model(features, training=training)
   m = losses.realm_metrics(out["retrieval_logits"], out["mlm_logits"], features["mlm_ids"],
                            features["mlm_weights"])
+  m.update((k, out[k]) for k in ("retrieval_logits", "query_embedding", "candidate_embeddings"))
   return losses.realm_loss_share(m), m
 
 
 @task_factory.register_task_cls(configs.RealmPretrainTaskConfig)
 class RealmPretrainTask(base.RealmBaseTask):
   """REALM pre-training with validation (see the module docstring)."""
+
+  validate_at_start = True   # the step-0 recalls that the health alarms compare against
 
   def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
     super().__init__(params, logging_dir=logging_dir, name=name)
@@ -84,6 +100,9 @@ class RealmPretrainTask(base.RealmBaseTask):
     self._embed_query = None
     self._qa = None                # (questions, their query inputs), read once
     self._qa_logs = {}             # this validation pass's host-side numbers
+    self._health = health_lib.HealthMonitor(params.health,
+                                            (f"recall@{params.recall_at}",
+                                             f"qa_recall@{params.recall_at}"))
 
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
@@ -156,10 +175,10 @@ class RealmPretrainTask(base.RealmBaseTask):
         if builder.maybe_swap():
           logging.info("swapped in the index of step %d", builder.handle.step)
         features = builder.features(batch)
-        yield {k: features[k] for k in DEVICE_FEATURES}
+        yield {k: features[k] for k in HOST_PATH_FEATURES}
 
     return tf.data.Dataset.from_generator(
-        generate, output_signature={k: signature[k] for k in DEVICE_FEATURES}).prefetch(1)
+        generate, output_signature={k: signature[k] for k in HOST_PATH_FEATURES}).prefetch(1)
 
   # ---- retrieval: device ----
   def _device_corpus(self):
@@ -240,7 +259,7 @@ class RealmPretrainTask(base.RealmBaseTask):
                 for b in builder.non_trivial(row, uid)[:cfg.recall_at])
             for row, uid, answer in zip(ranked, examples["source_uid"], examples["answer"])]
     features = builder.features(examples, candidates=candidates)
-    self._eval_features = dict({k: features[k] for k in DEVICE_FEATURES},
+    self._eval_features = dict({k: features[k] for k in HOST_PATH_FEATURES},
                                recall_hit=np.asarray(hits, np.float32))
     self._qa_logs = self._qa_recall(model, index, builder) if cfg.qa_eval_path else {}
 
@@ -324,14 +343,41 @@ class RealmPretrainTask(base.RealmBaseTask):
   def build_metrics(self, training=None):
     names = ["mlm_accuracy", "retrieval_utility", "retrieval_entropy"]
     names += ["index_age"] if training else [f"recall@{self.task_config.recall_at}"]
+    # The health signals this path can compute: device retrieval has no answer marks.
+    marked = not (training and self.task_config.retrieval == "device")
+    names += [n for n in health_lib.SIGNALS if n not in (
+        health_lib.UNMARKED_SIGNALS if marked else health_lib.MARKED_SIGNALS)]
+    names += ["skipped_duplicates"]
     metrics = [tf_keras.metrics.Mean(n) for n in names]
     # Validation also counts the held-out sentences it scored.
     return metrics if training else metrics + [tf_keras.metrics.Sum("examples")]
+
+  def check_health(self, phase: str, step: int, logs) -> dict:
+    """The retrieval-health alarms of one training loop's or validation pass's ``logs``
+    (``realm_tf.health.HealthMonitor``), as summaries to add; a validation pass also prints
+    its one-line health report."""
+    logs = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
+    extra = self._health.check(phase, step, logs)
+    if phase == "validation":
+      line = self._health.summary_line(step, logs, extra)
+      logging.info("%s", line)
+      print(line, flush=True)
+    return extra
 
   def forward(self, inputs, model, metrics, training: bool):
     loss, m = replica_loss(model, inputs, training=training)
     by_name = {metric.name: metric for metric in metrics or []}
     if by_name:
+      signals = health_lib.retrieval_signals(
+          m["retrieval_logits"], m["token_log_p_given_z"], inputs["mlm_weights"],
+          m["query_embedding"], m["candidate_embeddings"], inputs.get("candidate_rows"),
+          inputs.get("candidate_holds_answer"))
+      for name, (values, weights) in signals.items():
+        if name in by_name:
+          by_name[name].update_state(values, sample_weight=tf.broadcast_to(
+              weights, tf.shape(values)))
+      if "skipped_duplicates" in inputs and "skipped_duplicates" in by_name:
+        by_name["skipped_duplicates"].update_state(inputs["skipped_duplicates"])
       by_name["mlm_accuracy"].update_state(m["correct"] / tf.maximum(m["num_tokens"], 1.0),
                                            sample_weight=m["num_tokens"])
       # The mean over the pass's real mask tokens (an example weighs its token count).
@@ -353,6 +399,18 @@ class RealmPretrainTask(base.RealmBaseTask):
     """The host-side numbers of this pass (``qa_recall@k``, ``qa_questions``), which Model
     Garden adds to the validation logs and summaries."""
     return dict(self._qa_logs)
+
+  def transform_gradients(self, grads_and_vars, model, optimizer):
+    """With ``retriever_freeze_steps`` N: the towers' gradients are zeroed for the first N
+    steps (their Adam moments stay 0, so they do not move, but for weight decay)."""
+    n = self.task_config.retriever_freeze_steps
+    if not n:
+      return grads_and_vars
+    towers = {id(v) for v in (model.query_embedder.trainable_variables +
+                              model.block_embedder.trainable_variables)}
+    live = tf.cast(optimizer.iterations >= n, tf.float32)
+    return [(g * tf.cast(live, g.dtype), v) if id(v) in towers else (g, v)
+            for g, v in grads_and_vars]
 
   def train_step(self, inputs, model, optimizer, metrics=None):
     if self.task_config.retrieval == "device":
