@@ -13,7 +13,6 @@ start (the ICT retriever's), with the retrieval-health signals (``realm_tf.healt
 start and the end; ``diagnose.md``/``diagnose.csv``/``diagnose.png`` in ``--output_dir``.
 """
 
-import csv
 import json
 import os
 import time
@@ -46,6 +45,13 @@ VARIANTS: Dict[str, tuple] = {
                    "learns to read ICT's candidates", ["task.retriever_freeze_steps=100"]),
     "distractors_2": ("a reading warm start with 2 distractor blocks beside the answer block",
                       [], {"bert": ("bert_distractors_2", ["task.distractors=2"])}),
+    "distractors_ft": ("the reading reader fine-tuned 1,500 steps (lr 3e-4) with 2 distractors",
+                       [], {"bert": ("bert_distractors_ft", [
+                           "task.distractors=2", "task.init_checkpoint={out}/bert",
+                           "trainer.train_steps=1500",
+                           "trainer.optimizer_config.learning_rate.polynomial.decay_steps=1500",
+                           "trainer.optimizer_config.learning_rate.polynomial."
+                           "initial_learning_rate=3e-4"])}),
 }
 
 
@@ -121,7 +127,7 @@ def main(argv):
   for name in FLAGS.variants:
     for stage, (replacement, overrides) in (VARIANTS[name][2] if len(VARIANTS[name]) > 2
                                             else {}).items():
-      extra_warm[replacement] = (stage, overrides)
+      extra_warm[replacement] = (stage, [o.format(out=out) for o in overrides])
   warm = tables.warm_starts(out, data, extra_warm)
   jobs = [(name, seed) for name in FLAGS.variants for seed in range(FLAGS.diagnose_seeds)]
   todo = [(n, s) for n, s in jobs
@@ -131,7 +137,7 @@ def main(argv):
     for name, seed in todo[i:i + FLAGS.parallel]:
       procs += tables.start_pretrain(os.path.join(out, "diagnose", f"{name}_s{seed}"), data,
                                      variant_warm(name, warm), seed, extra=VARIANTS[name][1])
-    tables._say(f"diagnose: {', '.join(f'{n} (seed {s})' for n, s in todo[i:i + FLAGS.parallel])}")  # pylint: disable=protected-access
+    tables.say(f"diagnose: {', '.join(f'{n} (seed {s})' for n, s in todo[i:i + FLAGS.parallel])}")
     demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   runs: Dict[str, Dict[int, Dict[str, List]]] = {}
   for name, seed in jobs:
@@ -141,7 +147,7 @@ def main(argv):
     json.dump(runs, f, indent=1)
   print(summarize(out, runs))
   plot(out, runs)
-  tables._say(f"diagnose finished in {(time.time() - start) / 60:.1f} min")  # pylint: disable=protected-access
+  tables.say(f"diagnose finished in {(time.time() - start) / 60:.1f} min")
 
 
 def run():

@@ -126,7 +126,7 @@ def separated(a: Sequence[float], b: Sequence[float]) -> str:
   return "not separated"
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
   print(f"[tables {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
@@ -166,7 +166,7 @@ def prepare(out: str) -> Dict:
         examples_per_sentence=2, **common)["dirs"])
   num_questions = sum(1 for _ in open(files["qa_test"]))
   held_out = prepared["pretrain"]["num_eval"]
-  _say(f"world: {len(world.articles)} articles, "
+  say(f"world: {len(world.articles)} articles, "
        f"{prepared['blocks']['num_blocks']} blocks, {held_out} held-out masked sentences, "
        f"{num_questions} test questions")
   prepared = dict(files=files, dirs=dirs, reading=reading, num_test_questions=num_questions,
@@ -211,12 +211,12 @@ def warm_starts(out: str, data: Dict, variants: Optional[Dict[str, tuple]] = Non
     model_dir = os.path.join(out, name)
     dirs[name] = model_dir
     if model_dir_lib.training_done(model_dir):
-      _say(f"{name}: already trained in {model_dir}")
+      say(f"{name}: already trained in {model_dir}")
       continue
     params = configs.load_experiment(
         experiment, [os.path.join(demo.CONFIG_DIR, f"{experiment}__demo.yaml"), *yamls],
         ",".join(overrides + demo.schedule(steps, lr) + list(extra)))
-    _say(f"{name} warm start ({steps} steps) -> {model_dir}")
+    say(f"{name} warm start ({steps} steps) -> {model_dir}")
     train_lib.run_experiment(params, model_dir, mode="train")
   return dirs
 
@@ -290,7 +290,7 @@ def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Seque
     procs += start_pretrain(model_dir, data, warm, seed, masking, min_interval,
                             plotted=name in ("realm", "stale"))
   if procs:
-    _say(f"seed {seed}: REALM pre-training {', '.join(names)} ({FLAGS.realm_steps} steps each, "
+    say(f"seed {seed}: REALM pre-training {', '.join(names)} ({FLAGS.realm_steps} steps each, "
          "side by side)")
     demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   return dirs
@@ -363,7 +363,7 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
                                      "--params_override=" + overrides(label, "qa_dev")], log),
                   f"realm-train ({label}, seed {seed})", log))
   if procs:
-    _say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
+    say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
          f"({FLAGS.openqa_steps} steps each)")
     demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   results, zero_shot = {}, {}
@@ -384,7 +384,7 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
     results[label] = dict(em=after["official_exact_match"], top_5_match=after["top_5_match"],
                           zero_shot_recall_at_5=zero_shot[retriever]["top_5_match"],
                           questions=after["questions"])
-    _say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
+    say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
          f"{results[label]['zero_shot_recall_at_5']:.3f}")
   return results
 
@@ -658,7 +658,7 @@ def main(argv):
              f"{FLAGS.openqa_steps} steps; index refreshed every {FLAGS.refresh_every} steps; "
              f"{minutes:.0f} min on this machine")
   print(render(out, runs, tables, setting))
-  _say(f"finished in {minutes:.1f} min; tables in {out}")
+  say(f"finished in {minutes:.1f} min; tables in {out}")
 
 
 def run():

@@ -283,6 +283,7 @@ class OpenQaTaskConfig(cfg.TaskConfig):
   refresh_index: bool = True
   index_wait_seconds: float = 600.0
 
+
 def retriever_tiny() -> RetrieverConfig:
   """The toy retriever, without dropout.
 
