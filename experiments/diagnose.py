@@ -29,6 +29,7 @@ flags.DEFINE_list("variants", ["baseline"], "Which variants to run (see --list).
 flags.DEFINE_integer("diagnose_seeds", 1, "Seeds per variant (0, 1, ...).")
 flags.DEFINE_bool("list", False, "Print the variants and exit.")
 flags.DEFINE_integer("parallel", 2, "Runs side by side (each with its refresher).")
+flags.DEFINE_bool("warm_only", False, "Only train the variants' warm starts.")
 
 # name -> (what it tests, overrides of the REALM run[, warm starts: {"bert"|"ict": (variant
 # warm start's name, its extra overrides)}]).
@@ -53,6 +54,18 @@ VARIANTS: Dict[str, tuple] = {
                            "trainer.optimizer_config.learning_rate.polynomial."
                            "initial_learning_rate=3e-4"])}),
 }
+_DISTRACTORS_FT = VARIANTS["distractors_ft"][2]["bert"]
+VARIANTS.update({
+    "dft_ict_masked": ("distractors_ft, and ICT queries with a masked span half the time",
+                       [], {"bert": _DISTRACTORS_FT,
+                            "ict": ("ict_masked_50", ["task.train_data.query_mask_prob=0.5"])}),
+    "dft_ict_1600": ("distractors_ft, and ICT trained 4x longer (1,600 steps)",
+                     [], {"bert": _DISTRACTORS_FT,
+                          "ict": ("ict_1600", [
+                              "trainer.train_steps=1600",
+                              "trainer.optimizer_config.learning_rate.polynomial."
+                              "decay_steps=1600"])}),
+})
 
 
 def variant_warm(name: str, warm: Dict[str, str]) -> Dict[str, str]:
@@ -129,6 +142,8 @@ def main(argv):
                                             else {}).items():
       extra_warm[replacement] = (stage, [o.format(out=out) for o in overrides])
   warm = tables.warm_starts(out, data, extra_warm)
+  if FLAGS.warm_only:
+    return
   jobs = [(name, seed) for name in FLAGS.variants for seed in range(FLAGS.diagnose_seeds)]
   todo = [(n, s) for n, s in jobs
           if not model_dir_lib.training_done(os.path.join(out, "diagnose", f"{n}_s{s}"))]
