@@ -197,13 +197,14 @@ def run_step(task, model, inputs, strategy: tf.distribute.Strategy, optimizer=No
 
 def differences(want: StepResult, got: StepResult, loss_rtol: float = LOSS_RTOL,
                 weight_atol: float = WEIGHT_ATOL, update_rtol: float = UPDATE_RTOL,
-                metric_atol: float = 1e-6) -> List[str]:
+                metric_atol: float = 1e-6, ignore_metrics: Sequence[str] = ()) -> List[str]:
   """What differs between two runs of a step beyond the tolerances (empty: the same): the
-  loss (relative), the metrics (relative or absolute), each weight (see ``UPDATE_RTOL``)."""
+  loss (relative), the metrics but ``ignore_metrics`` (relative or absolute), each weight
+  (see ``UPDATE_RTOL``)."""
   out = []
   if not np.isclose(got.loss, want.loss, rtol=loss_rtol, atol=0):
     out.append(f"loss {got.loss!r} != {want.loss!r}")
-  for name in sorted(set(want.metrics) | set(got.metrics)):
+  for name in sorted((set(want.metrics) | set(got.metrics)) - set(ignore_metrics)):
     a, b = want.metrics.get(name), got.metrics.get(name)
     if a is None or b is None or not np.isclose(b, a, rtol=loss_rtol, atol=metric_atol):
       out.append(f"metric {name}: {b!r} != {a!r}")

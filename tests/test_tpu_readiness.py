@@ -17,8 +17,8 @@ devices) and checks:
   compile collectives with XLA on CPU devices, so the replicated step runs uncompiled
   (``tpu_readiness.step_function``).
 
-The models start from the same weights with dropout off (its random draws differ between XLA
-and TensorFlow's kernels); the optimizer is ``tpu_readiness.CHECK_OPTIMIZER`` (plain SGD: the
+The models start from the same weights with dropout off, the towers' and the projection's (its
+random draws differ between XLA and TensorFlow's kernels, and between replicas); the optimizer is ``tpu_readiness.CHECK_OPTIMIZER`` (plain SGD: the
 updated weights compare the gradients).
 """
 
@@ -47,6 +47,11 @@ from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import load_vocab
 
 LQ, LB, HIDDEN, DIM, BATCH, WIDTH = 16, 64, 16, 16, 4, 3
+# Health signals that are statistics of each replica's own batch (``realm_tf.health``: mean
+# pairwise cosines, the share of distinct candidates): two replicas of 2 examples do not give
+# one replica's value over 4, by design. Compared compiled against uncompiled on one replica
+# (validation), not across replica counts.
+PER_REPLICA_BATCH = ("query_cosine", "block_cosine", "distinct_candidates")
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
   """A tiny world through data_prep, and an index of random towers over its blocks."""
@@ -83,7 +88,8 @@ def encoder(w):
 def model_config(w, **kwargs):
   return configs.RealmModelConfig(
       retriever=configs.RetrieverConfig(encoder=encoder(w), projection_size=DIM,
-                                        query_seq_length=LQ, block_seq_length=LB),
+                                        projection_dropout=0.0, query_seq_length=LQ,
+                                        block_seq_length=LB),
       reader=configs.ReaderConfig(encoder=encoder(w), seq_length=LQ + LB,
                                   openqa_seq_length=LQ + LB, span_hidden_size=8,
                                   max_span_width=WIDTH),
@@ -103,7 +109,8 @@ def ict_config(w):
       is_training=training, seed=0)
   return configs.IctTaskConfig(
       model=configs.RetrieverConfig(encoder=encoder(w), projection_size=DIM,
-                                    query_seq_length=LQ, block_seq_length=LB),
+                                    projection_dropout=0.0, query_seq_length=LQ,
+                                    block_seq_length=LB),
       vocab_file=w["files"]["vocab"], train_data=data(True), validation_data=data(False),
       recall_at=(1, 2))
 
@@ -217,7 +224,8 @@ def check_family(world, name, validation=True, precision=None, **tolerances):
     assert int(next(iter(inputs.values())).shape[0]) == BATCH
     want = replicated.run(distributed, training=True)
     got = single.run(inputs, training=True, jit_compile=True)
-  assert not tpu_readiness.differences(want, got, **tolerances), name
+  assert not tpu_readiness.differences(want, got, ignore_metrics=PER_REPLICA_BATCH,
+                                       **tolerances), name
   assert np.isfinite(want.loss) and want.loss > 0
   moved = [np.abs(a - b).max() > 1e-6 for a, b in zip(start, want.weights)]
   assert np.mean(moved) > 0.5, name   # the step did change the weights
