@@ -287,6 +287,11 @@ def health(model_dir: str, loop: int, refresher=None, waited: float = 0.0):
   else:
     lines.append(f"loss: {losses[0][1]:.4g} at step {losses[0][0]} -> {losses[-1][1]:.4g} at "
                  f"step {losses[-1][0]}, finite at all {len(losses)} summaries")
+  alarms = sorted(tag[len("alarm/"):] for tag, values in scalars.items()
+                  if tag.startswith("alarm/") and values[-1][1] > 0)
+  if "health_alarms" in scalars:   # REALM's retrieval health (realm_tf.health): reported
+    lines.append("retrieval health alarms at the end (not judged here): "
+                 + (", ".join(alarms) or "none"))
   if not model_dir_lib.training_done(model_dir):
     problems.append("no TRAINING_DONE")
   if refresher is not None:

@@ -197,7 +197,7 @@ def run_step(task, model, inputs, strategy: tf.distribute.Strategy, optimizer=No
 
 def differences(want: StepResult, got: StepResult, loss_rtol: float = LOSS_RTOL,
                 weight_atol: float = WEIGHT_ATOL, update_rtol: float = UPDATE_RTOL,
-                metric_atol: float = 1e-6, ignore_metrics: Sequence[str] = ()) -> List[str]:
+                metric_atol: float = 1e-5, ignore_metrics: Sequence[str] = ()) -> List[str]:
   """What differs between two runs of a step beyond the tolerances (empty: the same): the
   loss (relative), the metrics but ``ignore_metrics`` (relative or absolute), each weight
   (see ``UPDATE_RTOL``)."""

@@ -21,6 +21,9 @@ def write_run(model_dir, losses, done=True):
       tf.summary.scalar("examples_per_second", 16 * rate, step=step)
       tf.summary.scalar("training_loss", loss, step=step)
       tf.summary.scalar("index_age", 7.0, step=step)
+      tf.summary.scalar("health_alarms", float(i), step=step)
+      tf.summary.scalar("alarm/query_cosine", float(i > 1), step=step)
+      tf.summary.scalar("alarm/p_null", float(i == 1), step=step)
   writer.flush()
   if done:
     (model_dir / "TRAINING_DONE").write_text("30\n")
@@ -38,6 +41,7 @@ def test_health_of_a_run_from_its_summaries(tmp_path):
       "compile: the first loop took 10.0 s against 2.0 s for the others, 3.0 s of it waiting "
       "for the refresher's first index: ~5.0 s of tracing and compiling",
       "loss: 3 at step 10 -> 2 at step 30, finite at all 3 summaries",
+      "retrieval health alarms at the end (not judged here): query_cosine",
       "refresher: 3 index(es) built, exit status 0; index age 7 steps at step 30"]
 
   sick = tmp_path / "sick"
