@@ -43,9 +43,11 @@ CHECK_OPTIMIZER = optimization_config.OptimizationConfig({
     "optimizer": {"type": "sgd", "sgd": {"momentum": 0.0}},
     "learning_rate": {"type": "constant", "constant": {"learning_rate": 0.1}}})
 # Tolerances of a compiled step against the uncompiled one (XLA fuses and reorders float
-# sums): the loss and metrics relative; a weight after the update within WEIGHT_ATOL plus
-# UPDATE_RTOL of the largest update of its variable (with CHECK_OPTIMIZER).
+# sums): the loss relative; a metric relative or absolute (a score margin is a difference of
+# close logits); a weight after the update within WEIGHT_ATOL plus UPDATE_RTOL of the largest
+# update of its variable (with CHECK_OPTIMIZER).
 LOSS_RTOL = 1e-4
+METRIC_ATOL = 1e-5
 WEIGHT_ATOL = 2e-5
 UPDATE_RTOL = 1e-3
 
@@ -197,7 +199,8 @@ def run_step(task, model, inputs, strategy: tf.distribute.Strategy, optimizer=No
 
 def differences(want: StepResult, got: StepResult, loss_rtol: float = LOSS_RTOL,
                 weight_atol: float = WEIGHT_ATOL, update_rtol: float = UPDATE_RTOL,
-                metric_atol: float = 1e-5, ignore_metrics: Sequence[str] = ()) -> List[str]:
+                metric_atol: float = METRIC_ATOL, ignore_metrics: Sequence[str] = ()
+                ) -> List[str]:
   """What differs between two runs of a step beyond the tolerances (empty: the same): the
   loss (relative), the metrics but ``ignore_metrics`` (relative or absolute), each weight
   (see ``UPDATE_RTOL``)."""

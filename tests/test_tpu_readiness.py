@@ -10,16 +10,17 @@ devices) and checks:
   as each input pipeline's dataset is built and again as each step is traced;
 * the real ``train_step`` and ``validation_step`` compiled whole with XLA (``jit_compile``:
   forward, gradients, the optimizer's update, the metrics) give the loss, the metrics and
-  the updated weights of the uncompiled step (``tpu_readiness.LOSS_RTOL``, ``WEIGHT_ATOL``);
+  the updated weights of the uncompiled step (``tpu_readiness``'s tolerances);
 * the steps replicated over the two devices (their collectives: ICT's all-gather of the
   blocks, device retrieval's sharded search and token-row all-reduce, the gradient
   all-reduce) give those of one replica over the same global batch. TensorFlow cannot
   compile collectives with XLA on CPU devices, so the replicated step runs uncompiled
   (``tpu_readiness.step_function``).
 
-The models start from the same weights with dropout off, the towers' and the projection's (its
-random draws differ between XLA and TensorFlow's kernels, and between replicas); the optimizer is ``tpu_readiness.CHECK_OPTIMIZER`` (plain SGD: the
-updated weights compare the gradients).
+The models start from the same weights with dropout off, the towers' and the projection's
+(its random draws differ between XLA and TensorFlow's kernels, and between replicas); the
+optimizer is ``tpu_readiness.CHECK_OPTIMIZER`` (plain SGD: the updated weights compare the
+gradients). A slow variant runs the same in bfloat16.
 """
 
 import os
