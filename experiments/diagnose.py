@@ -59,6 +59,10 @@ VARIANTS.update({
     "dft_ict_masked": ("distractors_ft, and ICT queries with a masked span half the time",
                        [], {"bert": _DISTRACTORS_FT,
                             "ict": ("ict_masked_50", ["task.train_data.query_mask_prob=0.5"])}),
+    "dft_ict_masked_k16": ("dft_ict_masked with 16 candidates (15 retrieved) instead of 8",
+                           ["task.model.num_candidates=16"],
+                           {"bert": _DISTRACTORS_FT,
+                            "ict": ("ict_masked_50", ["task.train_data.query_mask_prob=0.5"])}),
     "dft_ict_1600": ("distractors_ft, and ICT trained 4x longer (1,600 steps)",
                      [], {"bert": _DISTRACTORS_FT,
                           "ict": ("ict_1600", [
