@@ -13,13 +13,18 @@ Example::
     ids, emb = embed_corpus(block_embedder, "blocks/", config.retriever.block_seq_length,
                             config.vocab_file)
     table = assemble_rows(ids, emb, num_blocks=len(ids))  # row i = block i
+
+Every version of the corpus is read (``corpus_updates``): the pipeline's shards, then the
+blocks updates appended; ``rows_from`` embeds only the rows an update added (from its first
+row on). :func:`tower_fingerprint` names the block tower an index was embedded with.
 """
 
 import glob
+import hashlib
 import os
 import re
 import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 import numpy as np
@@ -28,6 +33,7 @@ import tqdm
 
 from realm_tf import tokenization
 from realm_tf.data import contract
+from realm_tf.data import corpus_updates
 from realm_tf.data import loaders
 from realm_tf.retrieval import errors
 
@@ -44,6 +50,28 @@ def _tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
   return bool(manifest.get("lower_case", lower_case)) == bool(lower_case)
 
 
+def tower_fingerprint(tower: tf.Module) -> str:
+  """Hex SHA1 over a tower's variables (names, shapes and values, in order): which weights
+  embedded an index's blocks."""
+  h = hashlib.sha1()
+  for variable in tower.variables:
+    value = np.ascontiguousarray(variable.numpy())
+    h.update(f"{variable.name}:{value.shape}:{value.dtype}\n".encode("utf-8"))
+    h.update(value.tobytes())
+  return h.hexdigest()
+
+
+def corpus_rows_files(blocks_dir: str, manifest: dict, rows_from: int = 0) -> List[str]:
+  """The files holding rows ``rows_from ..`` of the corpus: all of them for 0, else the files
+  of the updates from the one whose first row is ``rows_from``."""
+  if rows_from == 0:
+    return corpus_updates.corpus_files(blocks_dir, manifest)
+  for update in corpus_updates.updates(manifest):
+    if update["first_block_id"] == rows_from:
+      return corpus_updates.update_files(blocks_dir, manifest, update["version"])
+  raise errors.CorpusFormatError(f"{blocks_dir}: no update starts at row {rows_from}")
+
+
 def block_dataset(blocks_dir: str,
                   seq_length: int,
                   batch_size: int,
@@ -52,9 +80,11 @@ def block_dataset(blocks_dir: str,
                   shard_index: int = 0,
                   num_shards: int = 1,
                   pad_to_batch: bool = True,
-                  input_context: Optional[tf.distribute.InputContext] = None
-                  ) -> tf.data.Dataset:
-  """Batches ``(block_id int64 [b], inputs)`` of one shard of the corpus.
+                  input_context: Optional[tf.distribute.InputContext] = None,
+                  rows_from: int = 0, manifest: Optional[dict] = None) -> tf.data.Dataset:
+  """Batches ``(block_id int64 [b], inputs)`` of one shard of the corpus (of its rows from
+  ``rows_from`` on: :func:`corpus_rows_files`; of the version ``manifest`` describes, default
+  the current one).
 
   ``inputs`` are int32 ``input_word_ids``, ``input_mask``, ``input_type_ids`` of shape
   ``[b, seq_length]``, packed from the stored ``token_ids`` (trimmed keeping the final
@@ -64,8 +94,8 @@ def block_dataset(blocks_dir: str,
   """
   if num_shards < 1 or not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index {shard_index} is not in [0, num_shards={num_shards})")
-  manifest = contract.load_blocks_manifest(blocks_dir)
-  files = contract.block_shard_files(blocks_dir, manifest)
+  manifest = manifest or contract.load_blocks_manifest(blocks_dir)
+  files = corpus_rows_files(blocks_dir, manifest, rows_from)
   vocab = tokenization.load_vocab(vocab_file)
   sep_id = vocab.index("[SEP]")
   if _tokens_match(manifest, vocab_file, lower_case):
@@ -137,7 +167,8 @@ def embed_corpus(block_embedder: Callable,
                  shard_index: int = 0,
                  num_shards: int = 1,
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 progress: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+                 progress: bool = True, rows_from: int = 0,
+                 manifest: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
   """Embeds one shard of the corpus with ``block_embedder``.
 
   Args:
@@ -150,14 +181,17 @@ def embed_corpus(block_embedder: Callable,
     shard_index, num_shards: which record-level shard of the corpus to embed.
     strategy: a ``tf.distribute`` strategy; default ``tf.distribute.get_strategy()``.
     progress: show a tqdm progress bar.
+    rows_from: embed only rows ``rows_from ..`` (those of the updates from the one that
+      starts there on: the blocks an update added).
+    manifest: the corpus version to embed (default: the current one).
 
   Returns:
     ``(block_ids int64 [m], embeddings float32 [m, d])`` for the ``m`` blocks of the shard, in
     reading order.
   """
   strategy = strategy or tf.distribute.get_strategy()
-  manifest = contract.load_blocks_manifest(blocks_dir)
-  total = shard_size(int(manifest["num_blocks"]), shard_index, num_shards)
+  manifest = manifest or contract.load_blocks_manifest(blocks_dir)
+  total = shard_size(int(manifest["num_blocks"]) - rows_from, shard_index, num_shards)
   if total == 0:
     raise errors.EmptyCorpusError(
         f"shard {shard_index} of {num_shards} of {blocks_dir} holds no blocks "
@@ -167,7 +201,7 @@ def embed_corpus(block_embedder: Callable,
     per_replica = loaders.per_replica_batch_size(batch_size, input_context)
     return block_dataset(blocks_dir, seq_length, per_replica, vocab_file, lower_case,
                          shard_index, num_shards, pad_to_batch=True,
-                         input_context=input_context)
+                         input_context=input_context, rows_from=rows_from, manifest=manifest)
 
   dataset = strategy.distribute_datasets_from_function(dataset_fn)
   step = _embed_step(block_embedder, strategy)

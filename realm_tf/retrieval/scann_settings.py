@@ -12,19 +12,22 @@
 
 How many leaves to search and how many candidates to rescore are tuned after building to a
 recall target (``target_recall``; ``index_tuning``). Every field can be overridden
-(``ScannSettings(num_leaves=..., ...)``, an ``IndexConfig`` in YAML, or the binaries' flags).
-This module does not import ScaNN.
+(``ScannSettings(num_leaves=..., ...)``, ``IndexConfig.scann`` in YAML, or the binaries'
+flags): ``ScannSettings`` is a Model Garden config, so it round-trips through YAML and refuses
+unknown keys. This module does not import ScaNN.
 """
 
 import dataclasses
 import math
 from typing import Any, Dict, Optional
 
+from official.modeling import hyperparams
+
 REORDERING_DTYPES = ("int8", "float32")
 
 
 @dataclasses.dataclass
-class ScannSettings:
+class ScannSettings(hyperparams.Config):
   """ScaNN build settings; ``None`` fields are filled in by ``resolve(n)`` or by tuning.
 
   Attributes:
