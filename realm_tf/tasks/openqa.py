@@ -54,6 +54,7 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import block_store
 from realm_tf.data import contract
+from realm_tf.data import corpus_updates
 from realm_tf.data import loaders
 from realm_tf.data import qa as qa_lib
 from realm_tf.modeling import losses
@@ -343,11 +344,12 @@ def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int]
   if not blocks_dir:
     raise contract.DataError(f"{path}: the index does not name its blocks dir; give blocks_dir")
   blocks_manifest = contract.load_blocks_manifest(blocks_dir)
-  if manifest.get("corpus_fingerprint") != blocks_manifest["fingerprint"]:
+  versions = corpus_updates.fingerprints(blocks_manifest)  # An index of an older one fits.
+  if manifest.get("corpus_fingerprint") not in versions:
     raise contract.DataError(
         f"the index {path} was built over another corpus than {blocks_dir} (fingerprint "
         f"{manifest.get('corpus_fingerprint')} != {blocks_manifest['fingerprint']})")
-  handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=blocks_manifest["fingerprint"],
+  handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=versions,
                                   expected_dim=expected_dim, watch=watch, poll_seconds=1.0)
   handle.wait_for_first()
   return handle, blocks_dir
@@ -369,7 +371,8 @@ def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optiona
   # Texts and titles memory-mapped from the block store, decoded when read; with a trainable
   # block tower, also its view of the beam, packed per batch as the refresher packs the corpus.
   store = block_store.BlockStore.open(blocks_dir, cls_id=tokenizer.cls_id,
-                                      sep_id=tokenizer.sep_id)
+                                      sep_id=tokenizer.sep_id,
+                                      fingerprint=handle.manifest["corpus_fingerprint"])
   bodies = store.texts.blocks()
   logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
   return inputs_lib.OpenQaInputBuilder(

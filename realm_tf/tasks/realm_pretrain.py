@@ -239,10 +239,11 @@ class RealmPretrainTask(base.RealmBaseTask):
         model.block_embedder, blocks_dir, retriever.block_seq_length, cfg.model.vocab_file,
         cfg.model.lower_case, progress=False)
     index = mips_index.BruteForceIndex(
-        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir),
+        deleted=builder.store.deleted)  # Blocks deleted by updates are never retrieved.
     examples = self._eval_loader.read_all()
     queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
-    depth = min(max(cfg.recall_at, builder.k - 1) + builder.search_slack, builder.null_row)
+    depth = min(max(cfg.recall_at, builder.k - 1) + builder.search_slack, index.num_live)
     ranked, _ = index.search(queries, depth)
     hits = [any(answers.holds_answer(builder.bodies_text[b], answer)
                 for b in builder.non_trivial(row, uid)[:cfg.recall_at])
