@@ -176,33 +176,59 @@ def article_to_blocks(title: str, text: str, tokenizer, block_seq_length: int = 
 
   Raises ValueError if the title alone leaves fewer than 16 wordpieces for the body.
   """
+  return articles_to_blocks([(title, text)], tokenizer, block_seq_length,
+                            None if sentences is None else [sentences])[0]
+
+
+def articles_to_blocks(articles: Sequence[Tuple[str, str]], tokenizer,
+                       block_seq_length: int = 288,
+                       sentences: Optional[Sequence[List[Tuple[int, int]]]] = None
+                       ) -> List[List[Dict]]:
+  """:func:`article_to_blocks` of each ``(title, text)``, with two tokenizer calls for the
+  whole batch (titles and sentences, then the blocks' bodies) instead of two per article."""
   if sentences is None:
-    sentences = text_lib.sentence_spans(text)
-  if not sentences:
-    return []
-  pieces = tokenizer.tokenize([title] + [text[s:e] for s, e in sentences])
-  title_ids = pieces[0].numpy().tolist()
-  budget = block_seq_length - 3 - len(title_ids)
-  if budget < MIN_BODY_BUDGET:
-    raise ValueError(f"title {title!r} has {len(title_ids)} wordpieces: no room for a body in "
-                     f"{block_seq_length}")
-  counts = pieces.row_lengths().numpy().tolist()[1:]
-  units: List[Tuple[int, int, int]] = []
-  for (s, e), n in zip(sentences, counts):
-    if n <= budget:
-      units.append((s, e, n))
-    else:
-      units.extend(cut_long_span(text, s, e, tokenizer.count_wordpieces, budget))
-  groups = [(units[i][0], units[j - 1][1]) for i, j in pack_units([u[2] for u in units], budget)]
-  bodies = [text[s:e] for s, e in groups]
-  body_ids = tokenizer.tokenize(bodies).to_list()
-  blocks = []
-  for (s, e), body, ids in zip(groups, bodies, body_ids):
-    if len(ids) > budget:  # Wordpiece counts are additive over whitespace; this is a guard.
-      raise AssertionError(f"block of {title!r} has {len(ids)} > {budget} body wordpieces")
-    token_ids = [tokenizer.cls_id] + title_ids + [tokenizer.sep_id] + ids + [tokenizer.sep_id]
-    blocks.append({"body": body, "token_ids": token_ids, "char_start": s, "char_end": e})
-  return blocks
+    sentences = [text_lib.sentence_spans(text) for _, text in articles]
+  flat = [piece for (title, text), spans in zip(articles, sentences) if spans
+          for piece in [title] + [text[s:e] for s, e in spans]]
+  pieces = tokenizer.tokenize(flat) if flat else None
+  ids = pieces.flat_values.numpy().tolist() if flat else []
+  lengths = pieces.row_lengths().numpy().tolist() if flat else []
+  plans, row, cursor = [], 0, 0
+  for (title, text), spans in zip(articles, sentences):
+    if not spans:
+      plans.append((title, []))
+      continue
+    title_ids = ids[cursor:cursor + lengths[row]]
+    counts = lengths[row + 1:row + 1 + len(spans)]
+    cursor += sum(lengths[row:row + 1 + len(spans)])
+    row += 1 + len(spans)
+    budget = block_seq_length - 3 - len(title_ids)
+    if budget < MIN_BODY_BUDGET:
+      raise ValueError(f"title {title!r} has {len(title_ids)} wordpieces: no room for a body "
+                       f"in {block_seq_length}")
+    units: List[Tuple[int, int, int]] = []
+    for (s, e), n in zip(spans, counts):
+      if n <= budget:
+        units.append((s, e, n))
+      else:
+        units.extend(cut_long_span(text, s, e, tokenizer.count_wordpieces, budget))
+    groups = [(units[i][0], units[j - 1][1])
+              for i, j in pack_units([u[2] for u in units], budget)]
+    plans.append((title, [(s, e, text[s:e], title_ids, budget) for s, e in groups]))
+  bodies = [body for _, groups in plans for _, _, body, _, _ in groups]
+  body_ids = iter(tokenizer.tokenize(bodies).to_list() if bodies else [])
+  out = []
+  for title, groups in plans:
+    blocks = []
+    for (s, e, body, title_ids, budget), piece_ids in zip(groups, body_ids):
+      if len(piece_ids) > budget:  # Wordpiece counts are additive over whitespace: a guard.
+        raise AssertionError(f"block of {title!r} has {len(piece_ids)} > {budget} body "
+                             "wordpieces")
+      token_ids = ([tokenizer.cls_id] + title_ids + [tokenizer.sep_id] + piece_ids +
+                   [tokenizer.sep_id])
+      blocks.append({"body": body, "token_ids": token_ids, "char_start": s, "char_end": e})
+    out.append(blocks)
+  return out
 
 
 def doc_key(title: str, text: str) -> str:

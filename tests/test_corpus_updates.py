@@ -135,3 +135,16 @@ def test_interrupted_append_and_tampered_update(corpus):
     block_store.BlockStore.open(blocks_dir, store_dir=store_dir)
   with open(os.path.join(blocks_dir, contract.MANIFEST)) as f:
     assert json.load(f)["num_blocks"] == 42
+
+
+def test_documents_cut_in_one_batch_as_one_by_one(corpus):
+  """``data_prep.blocks.articles_to_blocks`` (what updates call: two tokenizer calls in all)
+  gives each article the blocks ``article_to_blocks`` gives it alone."""
+  from data_prep import blocks as blocks_pipeline  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  articles = [(f"the river {i}", " ".join(
+      " ".join(rng.choice(testing.WORDS, int(rng.integers(3, 25)))) + "." for _ in range(n)))
+              for i, n in enumerate([1, 6, 0, 3, 12])]
+  batch = blocks_pipeline.articles_to_blocks(articles, corpus["tokenizer"], 24)
+  alone = [blocks_pipeline.article_to_blocks(t, x, corpus["tokenizer"], 24) for t, x in articles]
+  assert batch == alone and [len(b) for b in batch][2] == 0 and len(batch[4]) > 2

@@ -31,6 +31,7 @@ corpus, ``mips_index.check_manifest``), and the next update or refresh catches u
 """
 
 import dataclasses
+import functools
 import os
 import time
 from typing import Dict, List, Optional, Sequence
@@ -270,6 +271,11 @@ class Updater:
         seconds={k: round(v, 3) for k, v in seconds.items()})
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenizer(vocab_file: str, lower_case: bool) -> tokenization.RealmTokenizer:
+  return tokenization.RealmTokenizer(vocab_file, lower_case=lower_case)
+
+
 def _document_blocks(documents: Sequence[Document], corpus: Dict,
                      config: configs.RealmModelConfig) -> Dict[str, List[Dict]]:
   """Each document's blocks by ``data_prep.blocks``' rules, with the corpus's vocabulary,
@@ -280,18 +286,19 @@ def _document_blocks(documents: Sequence[Document], corpus: Dict,
   vocab = corpus.get("vocab_file")
   if not vocab or not os.path.exists(vocab):
     vocab = config.vocab_file
-  tokenizer = tokenization.RealmTokenizer(vocab, lower_case=corpus.get("lower_case",
-                                                                       config.lower_case))
+  tokenizer = _tokenizer(vocab, bool(corpus.get("lower_case", config.lower_case)))
   length = int(corpus.get("block_seq_length") or config.retriever.block_seq_length)
+  try:  # Two tokenizer calls for all the documents.
+    cut = blocks_pipeline.articles_to_blocks([(d.title, d.text) for d in documents], tokenizer,
+                                             length)
+  except ValueError as e:
+    raise errors.IndexUpdateError(f"a document cannot be indexed: {e}") from None
   out = {}
-  for d in documents:
-    try:
-      cut = blocks_pipeline.article_to_blocks(d.title, d.text, tokenizer, length)
-    except ValueError as e:
-      raise errors.IndexUpdateError(f"document {d.title!r}: {e}") from None
-    if not cut:
+  for d, blocks_of in zip(documents, cut):
+    if not blocks_of:
       raise errors.IndexUpdateError(f"document {d.title!r} has no text to index")
-    out[d.title] = [_block(d.title, b["body"], b["token_ids"]) for b in cut]
+    out.setdefault(d.title, []).extend(_block(d.title, b["body"], b["token_ids"])
+                                       for b in blocks_of)
   return out
 
 
