@@ -210,6 +210,7 @@ class BlockStore:
     self.deleted = np.unique(np.asarray([] if deleted is None else deleted, np.int64))
     self.path = path
     self._title_data, self._title_offsets = titles, title_offsets
+    self._title_lengths = None
     self.texts = _Texts(texts, text_offsets)
     self.titles = _Texts(titles, title_offsets)
 
@@ -420,7 +421,9 @@ class BlockStore:
   def rows_with_title(self, title: str) -> np.ndarray:
     """The live rows whose title is ``title``, ascending."""
     want = np.frombuffer(title.encode("utf-8"), np.uint8)
-    rows = np.flatnonzero(np.diff(self._title_offsets) == len(want))
+    if self._title_lengths is None:  # Kept: an update looks up one title per document.
+      self._title_lengths = np.diff(self._title_offsets)
+    rows = np.flatnonzero(self._title_lengths == len(want))
     if len(want) and len(rows):
       at = self._title_offsets[rows][:, None] + np.arange(len(want))[None, :]
       rows = rows[(self._title_data[at] == want[None, :]).all(axis=1)]

@@ -40,7 +40,7 @@ from realm_tf.retrieval import errors
 _SHARD_RE = re.compile(r"embeddings-shard-(\d+)-of-(\d+)\.npy$")
 
 
-def _tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
+def tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
   """Whether the blocks' ``token_ids`` were made with this vocabulary and casing."""
   sha1 = manifest.get("vocab_sha1")
   if sha1 is None:
@@ -98,7 +98,7 @@ def block_dataset(blocks_dir: str,
   files = corpus_rows_files(blocks_dir, manifest, rows_from)
   vocab = tokenization.load_vocab(vocab_file)
   sep_id = vocab.index("[SEP]")
-  if _tokens_match(manifest, vocab_file, lower_case):
+  if tokens_match(manifest, vocab_file, lower_case):
     tokenizer = None
   else:
     logging.warning("blocks in %s were tokenized with another vocabulary (%s) than the "
@@ -151,6 +151,29 @@ def _embed_step(block_embedder, strategy):
 
     per_model[id(strategy)] = (strategy, step)  # Keeps the strategy alive with its id.
   return per_model[id(strategy)][1]
+
+
+_STORE_STEPS = weakref.WeakKeyDictionary()
+
+
+def embed_store_rows(block_embedder: Callable, store, rows: np.ndarray, seq_length: int,
+                     batch_size: int = 128) -> np.ndarray:
+  """float32 ``[len(rows), d]``: ``block_embedder`` over rows of a ``BlockStore``, their
+  inputs packed by the store (``gather_packed``: what :func:`block_dataset` packs for blocks
+  tokenized with the model's vocabulary). For an update's few rows: no ``tf.data`` pipeline to
+  build; every batch is padded to ``batch_size`` rows (one trace)."""
+  if block_embedder not in _STORE_STEPS:
+    _STORE_STEPS[block_embedder] = tf.function(
+        lambda x: tf.cast(block_embedder(x, training=False), tf.float32))
+  step = _STORE_STEPS[block_embedder]
+  rows = np.asarray(rows, np.int64)
+  out = []
+  for start in range(0, len(rows), batch_size):
+    chunk = rows[start:start + batch_size]
+    packed = store.gather_packed(np.pad(chunk, (0, batch_size - len(chunk)), mode="edge"),
+                                 seq_length)
+    out.append(step({k: tf.constant(v) for k, v in packed.items()}).numpy()[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros([0, 0], np.float32)
 
 
 def shard_size(num_blocks: int, shard_index: int, num_shards: int) -> int:
@@ -308,7 +331,7 @@ def sample_query_inputs(blocks_dir: str, num_queries: int, seq_length: int, voca
       tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
   serialized = next(iter(dataset.take(num_queries).batch(num_queries)))
   parsed = contract.parse_block_batch(serialized)
-  if _tokens_match(manifest, vocab_file, lower_case):
+  if tokens_match(manifest, vocab_file, lower_case):
     sep_id = tokenization.load_vocab(vocab_file).index("[SEP]")
     return contract.pack_block_ids(parsed["token_ids"], seq_length, sep_id, segment_ids=False)
   tokenizer = tokenization.RealmTokenizer(vocab_file, lower_case=lower_case)

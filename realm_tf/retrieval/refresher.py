@@ -40,6 +40,7 @@ from realm_tf import checkpoint_convert
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import configs
 from realm_tf import modeling
+from realm_tf.data import block_store
 from realm_tf.data import contract
 from realm_tf.data import corpus_updates
 from realm_tf.retrieval import corpus_embedding
@@ -254,7 +255,16 @@ class Refresher:
 
   def embed_rows(self, manifest: dict, rows_from: int = 0) -> np.ndarray:
     """float32 ``[num_blocks - rows_from, d]``: the restored block tower's embeddings of rows
-    ``rows_from ..`` of the corpus version ``manifest``, in row order."""
+    ``rows_from ..`` of the corpus version ``manifest``, in row order. An update's rows
+    (``rows_from > 0``) are packed from the block store when their ids are the model's
+    vocabulary's; the whole corpus streams through ``corpus_embedding.embed_corpus``."""
+    retriever = self.config.retriever
+    if rows_from and corpus_embedding.tokens_match(manifest, self.config.vocab_file,
+                                                   self.config.lower_case):
+      store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
+      return corpus_embedding.embed_store_rows(
+          self.block_embedder, store, np.arange(rows_from, int(manifest["num_blocks"])),
+          retriever.block_seq_length, self.options.batch_size)
     ids, emb = corpus_embedding.embed_corpus(
         self.block_embedder, self.blocks_dir, self.config.retriever.block_seq_length,
         self.config.vocab_file, self.config.lower_case, batch_size=self.options.batch_size,

@@ -13,7 +13,7 @@ In Python (``realm-serve``'s ``POST /documents`` and ``DELETE /documents/{uid}``
 An update holds the index directory's lock, then the blocks directory's, and
 
 1. plans against the corpus's current version (its block store): a document becomes blocks by
-   ``data_prep.blocks``' rules (the corpus's vocabulary and block length); a document whose
+   ``data_prep.blocks``' rules (``data_prep.articles``) (the corpus's vocabulary and block length); a document whose
    title has live blocks replaces them (they are deleted), unless it is unchanged (the same
    uids: skipped); deletions name uids or titles of live blocks (another is an error);
 2. writes the corpus's next version (``data.corpus_updates.apply``);
@@ -90,13 +90,13 @@ class UpdateResult:
 def read_documents(path: str) -> List[Document]:
   """The ``{"title", "text"}`` lines of a JSON-lines file (``data_prep.blocks``' input format);
   a line that is not one is an error naming it."""
-  from data_prep import blocks as blocks_pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import articles  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
     raise contract.MissingDataError(f"documents file not found: {path}")
   documents = []
   with open(path, "rb") as f:
     for number, raw in enumerate(f, 1):
-      article, reason = blocks_pipeline.parse_jsonl_article(path, number, raw)
+      article, reason = articles.parse_jsonl_article(path, number, raw)
       if article is not None:
         documents.append(Document(article["title"], article["text"]))
       elif reason != "blank_line":
@@ -282,14 +282,14 @@ def _document_blocks(documents: Sequence[Document], corpus: Dict,
   casing and block length (the model's where the corpus does not name them)."""
   if not documents:
     return {}
-  from data_prep import blocks as blocks_pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import articles  # pylint: disable=g-import-not-at-top
   vocab = corpus.get("vocab_file")
   if not vocab or not os.path.exists(vocab):
     vocab = config.vocab_file
   tokenizer = _tokenizer(vocab, bool(corpus.get("lower_case", config.lower_case)))
   length = int(corpus.get("block_seq_length") or config.retriever.block_seq_length)
   try:  # Two tokenizer calls for all the documents.
-    cut = blocks_pipeline.articles_to_blocks([(d.title, d.text) for d in documents], tokenizer,
+    cut = articles.articles_to_blocks([(d.title, d.text) for d in documents], tokenizer,
                                              length)
   except ValueError as e:
     raise errors.IndexUpdateError(f"a document cannot be indexed: {e}") from None
