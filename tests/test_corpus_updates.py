@@ -99,6 +99,11 @@ def test_versions_fingerprints_and_the_store(corpus, monkeypatch):
   np.testing.assert_array_equal(store.rows_with_uid(added2[0]["uid"]), [42])
   np.testing.assert_array_equal(store.rows_with_uid(base[5]["uid"]), [5])
   np.testing.assert_array_equal(store.rows_with_title(base[3]["title"]), [])
+  titles = [store.titles[r] for r in range(len(store))]  # Many at once, against a scan.
+  asked = sorted(set(titles))[::3] + ["", "no such title", base[3]["title"], "island"]
+  for title, rows in zip(asked, store.rows_with_titles(asked)):
+    assert rows.tolist() == [r for r, t in enumerate(titles)
+                             if t == title and r not in (3, 7, 40)], title
   monkeypatch.undo()
 
   # Built from scratch over the updated corpus: the same store.

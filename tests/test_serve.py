@@ -262,3 +262,16 @@ def test_the_page(world):
                  "textContent", "Alternatives"):
     assert needed in page, needed
   assert "innerHTML" not in page  # Server texts never go in as HTML.
+
+
+def test_realm_serve_reports_bad_flags_on_one_line(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, "-m", "realm_tf.binaries.serve",
+                         f"--model_dir={tmp_path / 'nothing'}", f"--index_dir={tmp_path}"],
+                        capture_output=True, text=True, timeout=300, cwd=repo,
+                        env=dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3"))
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr
+  assert "model directory not found" in lines[0], lines

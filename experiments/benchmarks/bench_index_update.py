@@ -36,7 +36,6 @@ from absl import flags
 import numpy as np
 
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.retrieval import index_tuning
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish

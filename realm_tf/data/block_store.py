@@ -66,7 +66,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -420,14 +420,29 @@ class BlockStore:
 
   def rows_with_title(self, title: str) -> np.ndarray:
     """The live rows whose title is ``title``, ascending."""
-    want = np.frombuffer(title.encode("utf-8"), np.uint8)
-    if self._title_lengths is None:  # Kept: an update looks up one title per document.
+    return self.rows_with_titles([title])[0]
+
+  def rows_with_titles(self, titles: Sequence[str]) -> List[np.ndarray]:
+    """:meth:`rows_with_title` of each title: one pass over the blocks per distinct title
+    length (an update looks up every document's title at once)."""
+    if self._title_lengths is None:  # Kept for the next lookup.
       self._title_lengths = np.diff(self._title_offsets)
-    rows = np.flatnonzero(self._title_lengths == len(want))
-    if len(want) and len(rows):
-      at = self._title_offsets[rows][:, None] + np.arange(len(want))[None, :]
-      rows = rows[(self._title_data[at] == want[None, :]).all(axis=1)]
-    return rows[self.is_live(rows)]
+    wanted = [title.encode("utf-8") for title in titles]
+    out: List[np.ndarray] = [np.zeros([0], np.int64)] * len(titles)
+    for length in sorted({len(w) for w in wanted}):
+      rows = np.flatnonzero(self._title_lengths == length)
+      if length and len(rows):  # The titles of that length as fixed-width byte strings.
+        at = self._title_offsets[rows][:, None] + np.arange(length)[None, :]
+        keys = np.ascontiguousarray(self._title_data[at]).view(f"S{length}")[:, 0]
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+      for i, w in enumerate(wanted):
+        if len(w) == length:
+          found = rows if not length else rows[np.searchsorted(keys, w, "left"):
+                                               np.searchsorted(keys, w, "right")]
+          found = np.sort(found)
+          out[i] = found[self.is_live(found)]
+    return out
 
   # ---- batches of rows ----
   def same_uid(self, rows, uids) -> np.ndarray:

@@ -153,8 +153,7 @@ class Updater:
         by_title.setdefault(b["title"], []).append(_block(b["title"], b["body"],
                                                           b["token_ids"]))
       added, deleted, skipped = [], [], []
-      for title, new in by_title.items():
-        old = store.rows_with_title(title)
+      for (title, new), old in zip(by_title.items(), store.rows_with_titles(list(by_title))):
         if [store.uid_digest(r) for r in old] == [block_store.uid_digest(b["uid"])
                                                    for b in new]:
           skipped.append(title)
