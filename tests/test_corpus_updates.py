@@ -14,8 +14,9 @@ import pytest
 
 from realm_tf import tokenization
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import corpus_updates
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.retrieval import testing
 
 
@@ -31,7 +32,7 @@ def corpus(tmp_path):
 def _blocks(tokenizer, titles, bodies):
   inputs = tokenizer.block_inputs(list(titles), list(bodies), 32)
   ids, mask = inputs["input_word_ids"].numpy(), inputs["input_mask"].numpy()
-  return [{"uid": contract.block_uid(t, b), "title": t, "body": b,
+  return [{"uid": features.block_uid(t, b), "title": t, "body": b,
            "token_ids": row[:m.sum()].tolist()} for t, b, row, m in zip(titles, bodies, ids, mask)]
 
 
@@ -53,8 +54,8 @@ def _check_store(store, blocks, deleted):
 
 def test_versions_fingerprints_and_the_store(corpus, monkeypatch):
   blocks_dir, tokenizer, store_dir = corpus["blocks_dir"], corpus["tokenizer"], corpus["store_dir"]
-  v0 = contract.load_blocks_manifest(blocks_dir)
-  base = contract.read_blocks(blocks_dir)
+  v0 = manifests.load_blocks_manifest(blocks_dir)
+  base = manifests.read_blocks(blocks_dir)
   first = block_store.BlockStore.open(blocks_dir, store_dir=store_dir)
   assert first.fingerprints == [v0["fingerprint"]] and not len(first.deleted)
 
@@ -75,9 +76,9 @@ def test_versions_fingerprints_and_the_store(corpus, monkeypatch):
   assert corpus_updates.manifest_at(v2, expect1)["num_blocks"] == 42
   assert corpus_updates.base_manifest(v2) == v0
   np.testing.assert_array_equal(corpus_updates.deleted_rows(v2), [3, 7, 40])
-  with pytest.raises(contract.CorpusFormatError, match="not live"):
+  with pytest.raises(manifests.CorpusFormatError, match="not live"):
     corpus_updates.apply(blocks_dir, [], [3])
-  with pytest.raises(contract.CorpusFormatError, match="no version"):
+  with pytest.raises(manifests.CorpusFormatError, match="no version"):
     corpus_updates.manifest_at(v2, "0" * 40)
 
   # The store grows in place: nothing rebuilt, the same directory.
@@ -100,7 +101,8 @@ def test_versions_fingerprints_and_the_store(corpus, monkeypatch):
   np.testing.assert_array_equal(store.rows_with_uid(base[5]["uid"]), [5])
   np.testing.assert_array_equal(store.rows_with_title(base[3]["title"]), [])
   titles = [store.titles[r] for r in range(len(store))]  # Many at once, against a scan.
-  asked = sorted(set(titles))[::3] + ["", "no such title", base[3]["title"], "island"]
+  asked = sorted(set(titles))[::3] + ["", "no such title", base[3]["title"], "island",
+                                      "a title longer than any of the corpus"]
   for title, rows in zip(asked, store.rows_with_titles(asked)):
     assert rows.tolist() == [r for r, t in enumerate(titles)
                              if t == title and r not in (3, 7, 40)], title
@@ -113,7 +115,7 @@ def test_versions_fingerprints_and_the_store(corpus, monkeypatch):
 
 def test_interrupted_append_and_tampered_update(corpus):
   blocks_dir, tokenizer, store_dir = corpus["blocks_dir"], corpus["tokenizer"], corpus["store_dir"]
-  base = contract.read_blocks(blocks_dir)
+  base = manifests.read_blocks(blocks_dir)
   store = block_store.BlockStore.open(blocks_dir, store_dir=store_dir)
   # A crashed append: bytes past meta.json's sizes in every file.
   for name in block_store._FILES:  # pylint: disable=protected-access
@@ -134,11 +136,11 @@ def test_interrupted_append_and_tampered_update(corpus):
   evil = _blocks(tokenizer, ["film"], ["an actor in another film"])[0]
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   with tf.io.TFRecordWriter(os.path.join(blocks_dir, update["file"])) as writer:
-    writer.write(contract.serialize_block(update["first_block_id"], evil["uid"], evil["title"],
+    writer.write(features.serialize_block(update["first_block_id"], evil["uid"], evil["title"],
                                           evil["body"], evil["token_ids"]))
-  with pytest.raises(contract.CorpusFormatError, match="update 2 do not match"):
+  with pytest.raises(manifests.CorpusFormatError, match="update 2 do not match"):
     block_store.BlockStore.open(blocks_dir, store_dir=store_dir)
-  with open(os.path.join(blocks_dir, contract.MANIFEST)) as f:
+  with open(os.path.join(blocks_dir, manifests.MANIFEST)) as f:
     assert json.load(f)["num_blocks"] == 42
 
 

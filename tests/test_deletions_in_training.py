@@ -9,7 +9,8 @@ from realm_tf.retrieval import candidates
 from realm_tf.retrieval import device_retrieval
 from realm_tf.retrieval import mips_index
 
-from test_device_retrieval import (COMPARED, duplicate_corpus, host_inputs, perturbed,  # pylint: disable=g-bad-import-order
+# pylint: disable-next=g-bad-import-order
+from test_device_retrieval import (COMPARED, duplicate_corpus, host_inputs, perturbed,
                                    random_examples, tiny_config)
 
 
@@ -41,7 +42,8 @@ def test_deleted_blocks_are_never_candidates():
                            model.query_embedder)
   handle = IndexHandle(mips_index.BruteForceIndex(emb, deleted=deleted), step=3)
   builder = candidates.CandidateBuilder(store, config, handle, 2, 3)
-  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
   host = builder.features(dict(examples, source_uid=np.array(
       [blocks[s]["uid"] for s in examples["source_block_id"]])))
   for key in COMPARED:

@@ -16,8 +16,9 @@ import pytest
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import corpus_updates
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
@@ -53,7 +54,7 @@ def _corpus_table(model_dir, blocks_dir):
   config = model_dir_lib.load_config(model_dir)
   _, tower = modeling.build_embedders(config.retriever)
   model_dir_lib.restore(model_dir_lib.latest_checkpoint(model_dir), block_embedder=tower)
-  manifest = contract.load_blocks_manifest(blocks_dir)
+  manifest = manifests.load_blocks_manifest(blocks_dir)
   ids, emb = corpus_embedding.embed_corpus(tower, blocks_dir, config.retriever.block_seq_length,
                                            config.vocab_file, progress=False)
   return corpus_embedding.assemble_rows(ids, emb, int(manifest["num_blocks"]))
@@ -84,7 +85,7 @@ def _check_against_exact(setup, expected, queries, k=10):
 
 def test_random_updates_equal_exact_search(tmp_path):
   setup = _setup(tmp_path)
-  base = contract.read_blocks(setup["blocks"])
+  base = manifests.read_blocks(setup["blocks"])
   expected = {(b["title"], b["body"]) for b in base}
   updater = updates.Updater(setup["index"], setup["model"])
   rng = np.random.default_rng(0)
@@ -106,13 +107,13 @@ def test_random_updates_equal_exact_search(tmp_path):
       live = sorted(expected)
       pick = [live[i] for i in rng.choice(len(live), 3, replace=False)]
       if op == "delete_uid":
-        result = updater.delete(uids=[contract.block_uid(t, b) for t, b in pick])
+        result = updater.delete(uids=[features.block_uid(t, b) for t, b in pick])
       else:
         result = updater.delete(titles=[t for t, _ in pick])
         pick = [(t, b) for t, b in expected if t in {p[0] for p in pick}]
       expected -= set(pick)
       assert sorted((d["title"], d["uid"]) for d in result.deleted) == sorted(
-          (t, contract.block_uid(t, b)) for t, b in pick)
+          (t, features.block_uid(t, b)) for t, b in pick)
     assert os.path.basename(result.index) == f"step-10-u{step + 1}"
     index, store, ids, want = _check_against_exact(setup, expected, queries)
     np.testing.assert_array_equal(ids, want)
@@ -142,7 +143,7 @@ def test_scann_ah_index_keeps_its_tuned_recall(tmp_path):
   start = mips_index.load_index(publish.read_latest(setup["index"]))
   assert start.settings()["mode"] == "ah"
   target = start.settings()["tuning"]["target_recall"]
-  expected = {(b["title"], b["body"]) for b in contract.read_blocks(setup["blocks"])}
+  expected = {(b["title"], b["body"]) for b in manifests.read_blocks(setup["blocks"])}
   updater = updates.Updater(setup["index"])
   rng = np.random.default_rng(1)
   docs = [updates.Document(f"new {i}", " ".join(rng.choice(testing.WORDS, 15)) + f" {i}.")
@@ -150,7 +151,7 @@ def test_scann_ah_index_keeps_its_tuned_recall(tmp_path):
   updater.upsert(docs)
   expected |= {(d.title, d.text) for d in docs}
   gone = sorted(expected)[:12]
-  updater.delete(uids=[contract.block_uid(t, b) for t, b in gone])
+  updater.delete(uids=[features.block_uid(t, b) for t, b in gone])
   expected -= set(gone)
   queries = _corpus_table(setup["model"], setup["blocks"])[rng.choice(1200, 200)] + 0.05
   index, store, ids, want = _check_against_exact(setup, expected, queries)
@@ -225,7 +226,7 @@ def test_cli_upsert_delete_and_one_line_errors(tmp_path):
   out, err = proc.communicate(timeout=300)
   assert proc.returncode == 0, err[-3000:]
   assert [d["row"] for d in json.loads(out.strip().splitlines()[-1])["deleted"]] == [100]
-  assert corpus_updates.version(contract.load_blocks_manifest(setup["blocks"])) == 2
+  assert corpus_updates.version(manifests.load_blocks_manifest(setup["blocks"])) == 2
   setup["trainer"].perturb()
   setup["trainer"].save(30)
   runs = {"other": _realm_index("upsert", f"--index_dir={setup['index']}",

@@ -17,7 +17,8 @@ import pytest
 
 from data_prep import synthetic_world
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.openqa import predict
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
@@ -65,8 +66,8 @@ def world(tmp_path_factory):
         bodies.append(paragraph.strip())
   vocab = testing.write_vocab(str(root / "vocab.txt"), titles + bodies)
   blocks = str(root / "blocks")
-  contract.write_blocks(blocks, titles, bodies, tokenization.RealmTokenizer(vocab),
-                        block_seq_length=32)
+  manifests.write_blocks(blocks, titles, bodies, tokenization.RealmTokenizer(vocab),
+                         block_seq_length=32)
   model, index = str(root / "model"), str(root / "index")
   testing.make_openqa_model(model, vocab)
   refresher.build_index_for_checkpoint(None, model, blocks, index, refresher.BuildOptions(
@@ -101,7 +102,7 @@ def test_answers_match_openqa(world):
     for a in got["answers"]:  # Each alternative is read from its own block.
       e = a["evidence"]
       assert e["text"][a["start"]:a["end"]] == a["answer"]
-      assert e["uid"] == contract.block_uid(e["title"], e["text"])
+      assert e["uid"] == features.block_uid(e["title"], e["text"])
       assert e["retrieval_score"] == pytest.approx(
           want.evidence[e["rank"]].retrieval_score, rel=1e-5, abs=1e-5)
     assert got["model_step"] == 1 and got["index"] == "step-1" and got["index_step"] == 1

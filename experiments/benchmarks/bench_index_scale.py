@@ -41,10 +41,10 @@ import shutil
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from realm_tf.binaries import cli
 from realm_tf.retrieval import index_tuning
 from realm_tf.retrieval import mips_index
 
@@ -242,4 +242,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

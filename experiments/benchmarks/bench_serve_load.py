@@ -29,10 +29,10 @@ import tempfile
 import threading
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from realm_tf.binaries import cli
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
 
@@ -162,4 +162,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

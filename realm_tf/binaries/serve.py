@@ -18,11 +18,12 @@ one they are disabled. Listens on 127.0.0.1 unless ``--host`` says otherwise.
 
 import os
 
+from absl import app
 from absl import flags
 
+from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
-from realm_tf.retrieval import errors
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index it was fine-tuned against.")
@@ -51,14 +52,14 @@ def _token():
     with open(FLAGS.token_file) as f:
       token = f.read().strip()
     if not token:
-      raise ValueError(f"--token_file {FLAGS.token_file} is empty")
+      raise configs.ConfigError(f"--token_file {FLAGS.token_file} is empty")
     return token
   return os.environ.get("REALM_SERVE_TOKEN") or None
 
 
 def main(argv):
   if len(argv) > 1:
-    raise errors.RetrievalError(f"unexpected arguments: {' '.join(argv[1:])}")
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   import uvicorn  # pylint: disable=g-import-not-at-top
   from realm_tf.serving import app as app_lib  # pylint: disable=g-import-not-at-top
   from realm_tf.serving import service as service_lib  # pylint: disable=g-import-not-at-top
@@ -82,8 +83,7 @@ def main(argv):
 
 
 def run():
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError,
-                                   ValueError, OSError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

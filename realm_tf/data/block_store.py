@@ -1,12 +1,12 @@
 """A compact, memory-mapped store of a blocks directory: token ids, uid digests, body texts.
 
-The trainer's host side reads the corpus from here instead of holding ``contract.read_blocks``'s
+The trainer's host side reads the corpus from here instead of holding ``manifests.read_blocks``'s
 dicts and dense packed arrays: a block costs its token ids (uint16 when every id fits in 16 bits,
 else uint32) plus 32 bytes of index (an int64 offset, a 20-byte uid digest, the int32 position of
 its first ``[SEP]``), all in files that are memory-mapped, so only the pages that batches touch
 become resident (and they are the kernel's page cache, shared between processes). Fixed-length
 model inputs are built per batch for just the rows it needs (:meth:`BlockStore.gather_packed`),
-equal to what ``contract.pack_block_ids`` gives (and ``candidates.pack_blocks``); the body texts
+equal to what ``features.pack_block_ids`` gives (and ``candidates.pack_blocks``); the body texts
 (for recall hits and Open-QA) and titles (for evidence) are in the store too, decoded when
 read (:attr:`BlockStore.texts`, :attr:`BlockStore.titles`).
 
@@ -71,8 +71,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.data import contract
 from realm_tf.data import corpus_updates
+from realm_tf.data import manifests
 
 FORMAT = 2
 STORE_DIR = "block_store"
@@ -110,7 +110,7 @@ def token_dtype(max_id: int) -> np.dtype:
     return np.dtype(np.uint16)
   if max_id <= np.iinfo(np.uint32).max:
     return np.dtype(np.uint32)
-  raise contract.CorpusFormatError(f"token id {max_id} does not fit in 32 bits")
+  raise manifests.CorpusFormatError(f"token id {max_id} does not fit in 32 bits")
 
 
 def manifest_key(manifest: Dict) -> str:
@@ -223,16 +223,16 @@ class BlockStore:
     ``fingerprint``), built or extended first when needed.
 
     Args:
-      blocks_dir: a blocks directory (``contract``'s format).
+      blocks_dir: a blocks directory (``manifests``' format).
       store_dir: where stores live (default :func:`default_store_root`).
       progress: show a progress bar while building (None: for 100,000 blocks or more).
       cls_id, sep_id: override the special ids the store infers from block 0.
       fingerprint: open this version of the corpus (e.g. the one an index was built over).
 
-    Raises the errors of ``contract.load_blocks_manifest`` / ``block_shard_files`` and
+    Raises the errors of ``manifests.load_blocks_manifest`` / ``block_shard_files`` and
     ``CorpusFormatError`` when the shards do not match the manifest.
     """
-    manifest = contract.load_blocks_manifest(blocks_dir)
+    manifest = manifests.load_blocks_manifest(blocks_dir)
     if fingerprint is not None:
       manifest = corpus_updates.manifest_at(manifest, fingerprint)
     key = manifest_key(corpus_updates.base_manifest(manifest))
@@ -275,7 +275,7 @@ class BlockStore:
       shutil.rmtree(tmp, ignore_errors=True)
     store = cls._try_open(final, key, int(manifest["num_blocks"]))
     if store is None:
-      raise contract.CorpusFormatError(f"block store {final} is unreadable after building")
+      raise manifests.CorpusFormatError(f"block store {final} is unreadable after building")
     return store
 
   @classmethod
@@ -305,13 +305,13 @@ class BlockStore:
   @classmethod
   def from_blocks(cls, blocks: Sequence[Dict], cls_id: Optional[int] = None,
                   sep_id: Optional[int] = None) -> "BlockStore":
-    """An in-memory store of blocks as ``contract.read_blocks`` returns them (row = position;
+    """An in-memory store of blocks as ``manifests.read_blocks`` returns them (row = position;
     ``uid``, ``token_ids`` and optionally ``body`` and ``title``)."""
     lengths = np.array([len(b["token_ids"]) for b in blocks], np.int64)
     flat = np.concatenate([np.asarray(b["token_ids"], np.int64) for b in blocks] or
                           [np.zeros([0], np.int64)])
     if flat.size and flat.min() < 0:
-      raise contract.CorpusFormatError(f"negative token id {flat.min()}")
+      raise manifests.CorpusFormatError(f"negative token id {flat.min()}")
     tokens = flat.astype(token_dtype(int(flat.max()) if flat.size else 0))
     texts = [b.get("body", "").encode("utf-8") for b in blocks]
     text_lengths = np.array([len(t) for t in texts], np.int64)
@@ -319,7 +319,7 @@ class BlockStore:
     cls_id, sep_id = _special_ids(tokens, lengths, cls_id, sep_id)
     offsets = _offsets(lengths)
     try:
-      fingerprint = contract.corpus_fingerprint(b["uid"] for b in blocks)
+      fingerprint = manifests.corpus_fingerprint(b["uid"] for b in blocks)
     except UnicodeError:  # Not the hex uids of the blocks format.
       fingerprint = None
     return cls(tokens, offsets, _digests(b["uid"] for b in blocks),
@@ -430,16 +430,16 @@ class BlockStore:
     wanted = [title.encode("utf-8") for title in titles]
     out: List[np.ndarray] = [np.zeros([0], np.int64)] * len(titles)
     for length in sorted({len(w) for w in wanted}):
-      rows = np.flatnonzero(self._title_lengths == length)
+      rows, keys = np.flatnonzero(self._title_lengths == length), None
       if length and len(rows):  # The titles of that length as fixed-width byte strings.
         at = self._title_offsets[rows][:, None] + np.arange(length)[None, :]
         keys = np.ascontiguousarray(self._title_data[at]).view(f"S{length}")[:, 0]
         order = np.argsort(keys, kind="stable")
         keys, rows = keys[order], rows[order]
       for i, w in enumerate(wanted):
-        if len(w) == length:
-          found = rows if not length else rows[np.searchsorted(keys, w, "left"):
-                                               np.searchsorted(keys, w, "right")]
+        if len(w) == length:  # (No keys: every row has the empty title, or no row matches.)
+          found = rows if keys is None else rows[np.searchsorted(keys, w, "left"):
+                                                 np.searchsorted(keys, w, "right")]
           found = np.sort(found)
           out[i] = found[self.is_live(found)]
     return out
@@ -502,7 +502,7 @@ class BlockStore:
                     sep_id: Optional[int] = None) -> Dict[str, np.ndarray]:
     """Packed int32 model inputs of ``rows`` (any shape), ``rows.shape + [seq_length]``.
 
-    Equal to ``contract.pack_block_ids`` of those rows' ids: trimmed to ``seq_length`` with
+    Equal to ``features.pack_block_ids`` of those rows' ids: trimmed to ``seq_length`` with
     the last position set to ``[SEP]`` when longer, mask 1 over the ids, type ids 1 after the
     first ``[SEP]``. Keys ``input_word_ids``, ``input_mask``, ``input_type_ids``.
     """
@@ -665,7 +665,7 @@ class _FileArray:
 
 
 def _fingerprint(path: str, offsets: np.ndarray, chunk: int = 1 << 16) -> str:
-  """``contract.corpus_fingerprint`` of the uids stored one after the other in ``path``."""
+  """``manifests.corpus_fingerprint`` of the uids stored one after the other in ``path``."""
   h = hashlib.sha1()
   n = len(offsets) - 1
   data = _FileArray(path, np.uint8)
@@ -717,7 +717,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
       values = batch["values"]
       if values.size:
         if values.min() < 0:
-          raise contract.CorpusFormatError(f"{blocks_dir}: negative token id {values.min()}")
+          raise manifests.CorpusFormatError(f"{blocks_dir}: negative token id {values.min()}")
         wanted = token_dtype(int(values.max()))
         if wanted.itemsize > tokens.dtype.itemsize:
           tokens.widen(wanted)
@@ -735,11 +735,11 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   title_lengths = titles.close()
   block_ids = np.concatenate(block_ids) if block_ids else np.zeros([0], np.int64)
   if len(block_ids) != n:
-    raise contract.CorpusFormatError(f"{blocks_dir}: {len(block_ids)} blocks on disk, "
-                                     f"manifest says {n}")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: {len(block_ids)} blocks on disk, "
+                                      f"manifest says {n}")
   order = np.argsort(block_ids, kind="stable")
   if not np.array_equal(block_ids[order], np.arange(n)):
-    raise contract.CorpusFormatError(f"{blocks_dir}: the block ids are not 0..{n - 1}, each once")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: the block ids are not 0..{n - 1}, each once")
   uid_offsets = _permute(join("uids.arrival"), join("uids.bin"), np.uint8, uid_lengths, order)
   _check_fingerprints(join("uids.bin"), uid_offsets, manifest, blocks_dir)
   os.remove(join("uids.bin"))
@@ -816,8 +816,8 @@ def _check_fingerprints(uids_path: str, uid_offsets: np.ndarray, manifest: Dict,
   if first_version == 0:
     n0 = int(base["num_blocks"])
     if _fingerprint(uids_path, uid_offsets[:n0 + 1]) != base["fingerprint"]:
-      raise contract.CorpusFormatError(f"{where}: the blocks do not match the manifest "
-                                       "fingerprint")
+      raise manifests.CorpusFormatError(f"{where}: the blocks do not match the manifest "
+                                        "fingerprint")
   data = _FileArray(uids_path, np.uint8)
   previous = corpus_updates.fingerprints(manifest)[max(first_version - 1, 0)]
   for update in done[max(first_version - 1, 0):]:
@@ -828,8 +828,8 @@ def _check_fingerprints(uids_path: str, uid_offsets: np.ndarray, manifest: Dict,
     uids = [raw[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
     previous = corpus_updates.chain_fingerprint(previous, uids, update["deleted"])
     if previous != update["fingerprint"]:
-      raise contract.CorpusFormatError(f"{where}: the blocks of update {update['version']} do "
-                                       "not match its fingerprint")
+      raise manifests.CorpusFormatError(f"{where}: the blocks of update {update['version']} do "
+                                        "not match its fingerprint")
 
 
 def _append_file(path: str, size: int, data: np.ndarray) -> None:
@@ -858,8 +858,8 @@ def _extend(path: str, blocks_dir: str, manifest: Dict) -> bool:
   parts = [{k: v.numpy() for k, v in p.items()} for p in parts]
   block_ids = np.concatenate([p["block_id"] for p in parts])
   if not np.array_equal(block_ids, np.arange(have, want)):
-    raise contract.CorpusFormatError(f"{blocks_dir}: the updates' blocks are not rows "
-                                     f"{have}..{want - 1} in order")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: the updates' blocks are not rows "
+                                      f"{have}..{want - 1} in order")
   values = np.concatenate([p["values"] for p in parts])
   dtype = np.dtype(meta["token_dtype"])
   if values.size and (values.min() < 0 or token_dtype(int(values.max())).itemsize >

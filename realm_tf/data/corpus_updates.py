@@ -1,13 +1,13 @@
 """Versions of a blocks directory: blocks appended and deleted, addressed by uid, rows kept.
 
-The blocks pipeline writes version 0 (``contract``'s format). Each update (``realm-index
+The blocks pipeline writes version 0 (``manifests``' format). Each update (``realm-index
 upsert|delete``, ``realm-serve``'s ``/documents``) writes a new version::
 
   blocks_dir/
     blocks-*.tfrecord, manifest.json   version 0's shards; the manifest is replaced (atomically)
                                        by each update's
     updates/update-000001.tfrecord     the blocks update 1 appended (block ids continue after
-                                       version 0's), in ``contract``'s tf.Example format;
+                                       version 0's), in ``manifests``' tf.Example format;
                                        written before the manifest names it, never modified
 
 and the manifest gains::
@@ -40,7 +40,8 @@ from typing import Dict, Iterable, List, Sequence
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 UPDATES_DIR = "updates"
 
@@ -75,7 +76,7 @@ def manifest_at(manifest: Dict, fingerprint: str) -> Dict:
   """The manifest of the version whose fingerprint is ``fingerprint`` (this one or older)."""
   known = fingerprints(manifest)
   if fingerprint not in known:
-    raise contract.CorpusFormatError(
+    raise manifests.CorpusFormatError(
         f"the corpus has no version with fingerprint {fingerprint} (versions: "
         f"{', '.join(f[:12] for f in known)}): another corpus")
   v = known.index(fingerprint)
@@ -104,7 +105,7 @@ def update_files(blocks_dir: str, manifest: Dict, first_version: int = 1) -> Lis
 
 def corpus_files(blocks_dir: str, manifest: Dict) -> List[str]:
   """Every TFRecord file of this version: version 0's shards, then the updates' files."""
-  base = contract.block_shard_files(blocks_dir, base_manifest(manifest))
+  base = manifests.block_shard_files(blocks_dir, base_manifest(manifest))
   return base + update_files(blocks_dir, manifest)
 
 
@@ -123,7 +124,7 @@ def lock(blocks_dir: str):
   """Holds a lock on the blocks directory (``flock``): one writer of updates at a time;
   released on exit or when the process dies."""
   if "://" in blocks_dir:
-    raise contract.DataError(f"{blocks_dir}: updates need a local blocks directory")
+    raise manifests.DataError(f"{blocks_dir}: updates need a local blocks directory")
   fd = os.open(blocks_dir, os.O_RDONLY)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -141,7 +142,7 @@ def _fsync_dir(path: str) -> None:
 
 
 def _write_manifest(blocks_dir: str, manifest: Dict) -> None:
-  path = os.path.join(blocks_dir, contract.MANIFEST)
+  path = os.path.join(blocks_dir, manifests.MANIFEST)
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "w") as f:
     json.dump(manifest, f, indent=2)
@@ -159,23 +160,23 @@ def apply(blocks_dir: str, added: Sequence[Dict], deleted: Sequence[int]) -> Dic
   The appended blocks' file is written (and synced) before the manifest that names it; the
   manifest is replaced atomically, so a reader sees the old version or the new one whole.
   """
-  manifest = contract.load_blocks_manifest(blocks_dir)
+  manifest = manifests.load_blocks_manifest(blocks_dir)
   n = int(manifest["num_blocks"])
   deleted = sorted({int(r) for r in deleted})
   gone = set(deleted_rows(manifest).tolist())
   bad = [r for r in deleted if not 0 <= r < n or r in gone]
   if bad:
-    raise contract.CorpusFormatError(f"{blocks_dir}: rows {bad[:5]} are not live blocks")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: rows {bad[:5]} are not live blocks")
   if not added and not deleted:
     raise ValueError("an update needs blocks to add or rows to delete")
   v = version(manifest) + 1
-  name = os.path.join(UPDATES_DIR, f"update-{v:06d}{contract.TFRECORD_SUFFIX}")
+  name = os.path.join(UPDATES_DIR, f"update-{v:06d}{manifests.TFRECORD_SUFFIX}")
   path = os.path.join(blocks_dir, name)
   os.makedirs(os.path.join(blocks_dir, UPDATES_DIR), exist_ok=True)
   tmp = os.path.join(blocks_dir, UPDATES_DIR, f".tmp-update-{v:06d}-{os.getpid()}")
   with tf.io.TFRecordWriter(tmp) as writer:
     for i, block in enumerate(added):
-      writer.write(contract.serialize_block(n + i, block["uid"], block["title"], block["body"],
+      writer.write(features.serialize_block(n + i, block["uid"], block["title"], block["body"],
                                             block["token_ids"]))
   with open(tmp, "rb+") as f:
     os.fsync(f.fileno())

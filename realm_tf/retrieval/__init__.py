@@ -12,7 +12,7 @@
   upsert|delete``, ``realm-serve``'s ``/documents``).
 * ``search``: ``TextSearcher``, query text to top-k blocks (``realm-index search``).
 
-The blocks directory itself is ``realm_tf.data.contract``'s. The names below are imported on
+The blocks directory itself is ``realm_tf.data.manifests``'. The names below are imported on
 first use, so that importing one light module (``scann_settings``, for ``realm_tf.configs``)
 does not import the others.
 """

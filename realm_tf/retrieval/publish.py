@@ -19,9 +19,10 @@
 
 Publications are ordered by ``(N, update)``: a build from the checkpoint of step N is
 ``step-<N>``, the k-th update on top of it ``step-<N>-u<k>``. Each is written under
-``.tmp-<name>-<pid>``, renamed to ``<name>`` and only then is ``LATEST`` moved, so a reader that follows ``LATEST`` never sees a half-written index. Old
-indexes are renamed to a temporary name before being deleted, for the same reason. Paths must
-be on a local (POSIX) filesystem, where ``rename`` is atomic.
+``.tmp-<name>-<pid>``, renamed to ``<name>`` and only then is ``LATEST`` moved, so a reader
+that follows ``LATEST`` never sees a half-written index. Old indexes are renamed to a
+temporary name before being deleted, for the same reason. Paths must be on a local (POSIX)
+filesystem, where ``rename`` is atomic.
 """
 
 import contextlib
@@ -47,10 +48,6 @@ _TMP_PID_RE = re.compile(r"^\.tmp-.*-(\d+)$")
 # before the index and its manifest), so that a test can kill a build in the middle. Read in
 # _testonly_build_delay(), nowhere else; production never sets it.
 TESTONLY_BUILD_DELAY_ENV = "REALM_TF_TESTONLY_BUILD_DELAY"
-
-
-def step_dir(index_dir: str, step: int, update: int = 0) -> str:
-  return os.path.join(index_dir, index_name(step, update))
 
 
 def index_name(step: int, update: int = 0) -> str:

@@ -41,8 +41,8 @@ from realm_tf import model_dir as model_dir_lib
 from realm_tf import configs
 from realm_tf import modeling
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import corpus_updates
+from realm_tf.data import manifests
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
@@ -115,7 +115,7 @@ def load_embeddings_file(path: str, num_blocks: int, dim: int,
   naming the file.
   """
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(f"embeddings file not found: {path}")
+    raise manifests.MissingDataError(f"embeddings file not found: {path}")
   try:
     table = np.load(path, mmap_mode="r")
   except (OSError, ValueError) as e:
@@ -191,7 +191,7 @@ class Refresher:
     self.index_dir = index_dir
     self.options = options or BuildOptions()
     self.strategy = strategy or tf.distribute.get_strategy()
-    self.blocks_manifest = contract.load_blocks_manifest(blocks_dir)  # Re-read by each build.
+    self.blocks_manifest = manifests.load_blocks_manifest(blocks_dir)  # Re-read by each build.
     self.config = None
     self.query_embedder = None
     self.block_embedder = None
@@ -279,7 +279,7 @@ class Refresher:
     (default: the current one). Rows it lacks are embedded with the restored block tower and
     appended, rows deleted since are deleted, then ScaNN's rule may rebalance or rebuild it
     (``scann_index``). ``changes``: ``{"appended", "deleted", "maintenance"}``."""
-    manifest = manifest or contract.load_blocks_manifest(self.blocks_dir)
+    manifest = manifest or manifests.load_blocks_manifest(self.blocks_dir)
     have, want = index.num_blocks, int(manifest["num_blocks"])
     if want < have:
       raise errors.FingerprintMismatchError(
@@ -367,7 +367,7 @@ class Refresher:
     start = time.time()
     step = model_dir_lib.checkpoint_step(checkpoint_path)
     opts = self.options
-    self.blocks_manifest = contract.load_blocks_manifest(self.blocks_dir)
+    self.blocks_manifest = manifests.load_blocks_manifest(self.blocks_dir)
     num_blocks = int(self.blocks_manifest["num_blocks"])
     if embeddings_file:  # Checked before the towers are built: a wrong file fails fast.
       config = self.config or model_dir_lib.load_config(self.model_dir)

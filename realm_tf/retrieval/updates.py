@@ -13,9 +13,10 @@ In Python (``realm-serve``'s ``POST /documents`` and ``DELETE /documents/{uid}``
 An update holds the index directory's lock, then the blocks directory's, and
 
 1. plans against the corpus's current version (its block store): a document becomes blocks by
-   ``data_prep.blocks``' rules (``data_prep.articles``) (the corpus's vocabulary and block length); a document whose
-   title has live blocks replaces them (they are deleted), unless it is unchanged (the same
-   uids: skipped); deletions name uids or titles of live blocks (another is an error);
+   the blocks pipeline's rules (``data_prep.articles``; the corpus's vocabulary and block
+   length); a document whose title has live blocks replaces them (they are deleted), unless
+   it is unchanged (the same uids: skipped); deletions name uids or titles of live blocks
+   (another is an error);
 2. writes the corpus's next version (``data.corpus_updates.apply``);
 3. loads the index ``LATEST`` names and restores the block tower it records (``block_tower``:
    checkpoint, step, fingerprint). An update with another checkpoint is refused, so that one
@@ -40,8 +41,9 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tokenization
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import corpus_updates
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
@@ -92,7 +94,7 @@ def read_documents(path: str) -> List[Document]:
   a line that is not one is an error naming it."""
   from data_prep import articles  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
-    raise contract.MissingDataError(f"documents file not found: {path}")
+    raise manifests.MissingDataError(f"documents file not found: {path}")
   documents = []
   with open(path, "rb") as f:
     for number, raw in enumerate(f, 1):
@@ -100,14 +102,14 @@ def read_documents(path: str) -> List[Document]:
       if article is not None:
         documents.append(Document(article["title"], article["text"]))
       elif reason != "blank_line":
-        raise contract.CorpusFormatError(reason)
+        raise manifests.CorpusFormatError(reason)
   if not documents:
-    raise contract.EmptyCorpusError(f"{path} holds no documents")
+    raise manifests.EmptyCorpusError(f"{path} holds no documents")
   return documents
 
 
 def _block(title: str, body: str, token_ids) -> Dict:
-  return {"uid": contract.block_uid(title, body), "title": title, "body": body,
+  return {"uid": features.block_uid(title, body), "title": title, "body": body,
           "token_ids": [int(t) for t in token_ids]}
 
 
@@ -137,7 +139,7 @@ class Updater:
   def upsert(self, documents: Sequence[Document] = (),
              blocks: Sequence[Dict] = ()) -> UpdateResult:
     """Adds or replaces ``documents`` (and/or ready ``blocks``: dicts with ``title``,
-    ``body``, ``token_ids``, e.g. ``contract.read_blocks`` of a ``data_prep.blocks`` output);
+    ``body``, ``token_ids``, e.g. ``manifests.read_blocks`` of a ``data_prep.blocks`` output);
     a title's blocks replace its live ones."""
     if not documents and not blocks:
       raise errors.IndexUpdateError("nothing to upsert: give documents or blocks")
@@ -234,7 +236,7 @@ class Updater:
       tower = self._tower(path, manifest)
       blocks_dir = manifest["blocks_dir"]
       with corpus_updates.lock(blocks_dir):
-        corpus = contract.load_blocks_manifest(blocks_dir)
+        corpus = manifests.load_blocks_manifest(blocks_dir)
         store = block_store.BlockStore.open(blocks_dir)
         if manifest.get("corpus_fingerprint") not in store.fingerprints:
           raise errors.FingerprintMismatchError(
@@ -243,7 +245,7 @@ class Updater:
         planned = time.time()
         if added or deleted:
           corpus = corpus_updates.apply(blocks_dir, added, deleted)
-        deleted_blocks = [{"row": r, "uid": contract.block_uid(store.titles[r], store.texts[r]),
+        deleted_blocks = [{"row": r, "uid": features.block_uid(store.titles[r], store.texts[r]),
                            "title": store.titles[r]} for r in deleted]
       written = time.time()
       index = mips_index.load_index(path, load_embeddings=True)

@@ -37,7 +37,7 @@ from fastapi import responses
 import pydantic
 from starlette import exceptions as starlette_exceptions
 
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import updates
 from realm_tf.serving import service as service_lib
@@ -160,7 +160,7 @@ def create_app(service: service_lib.QAService, token: Optional[str] = None,
       return _error(429, e, headers={"Retry-After": "1"})
     except service_lib.Unavailable as e:
       return _error(503, e, headers={"Retry-After": "1"})
-    except (errors.IndexUpdateError, contract.DataError) as e:
+    except (errors.IndexUpdateError, manifests.DataError) as e:
       return _error(422, e)
 
   def authorized(authorization: Optional[str]) -> Optional[responses.JSONResponse]:

@@ -32,21 +32,21 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from realm_tf import configs
+from realm_tf import errors
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.data import contract
+from realm_tf.data import features as features_lib
+from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import updates
-from realm_tf.tasks import openqa as openqa_task
 
 
-class Overloaded(RuntimeError):
+class Overloaded(errors.RealmError, RuntimeError):
   """Too many requests in flight (HTTP 429)."""
 
 
-class Unavailable(RuntimeError):
+class Unavailable(errors.RealmError, RuntimeError):
   """The service cannot answer now: not started, stopped, or the request waited too long
   (HTTP 503)."""
 
@@ -121,10 +121,9 @@ class QAService:
   # ---- the index ----
   def _open(self, path: str) -> _Index:
     """The input builder over the index in ``path`` (what ``OpenQA.load`` builds)."""
-    task = configs.OpenQaTaskConfig(model=self.config, index_dir=self.index_dir,
-                                    reader_beam_size=self.reader_beam_size,
-                                    retriever_beam_size=self.reader_beam_size)
-    builder = openqa_task.build_input_builder(task)
+    builder = host.build_input_builder(self.config, self.index_dir,
+                                       retriever_beam_size=self.reader_beam_size,
+                                       reader_beam_size=self.reader_beam_size)
     handle = builder.handle
     return _Index(builder, handle.path, publish.parse_name(handle.path), handle.manifest)
 
@@ -239,7 +238,7 @@ class QAService:
     read = builder.read
     blocks = [builder.block_texts(row[:read]) for row in features["beam_ids"]]
     retrieved = time.perf_counter()
-    out = self._forward({k: tf.constant(features[k]) for k in openqa_task.MODEL_FEATURES})
+    out = self._forward({k: tf.constant(features[k]) for k in host.MODEL_FEATURES})
     logits = out["reader_logits"].numpy()                        # [b, read, spans]
     starts, ends = out["span_starts"].numpy(), out["span_ends"].numpy()
     retrieval = out["retriever_logits"].numpy()
@@ -255,7 +254,7 @@ class QAService:
         s = int(starts[i, rank, span] - offsets[i, rank])
         e = int(ends[i, rank, span] - offsets[i, rank])
         block = blocks[i][rank]
-        text = openqa_task.span_text(block, s, e)
+        text = predict.span_text(block, s, e)
         if text:
           candidates.append((float(logits[i, rank, span]), rank, s, e, text))
       candidates.sort(key=lambda c: (-c[0], c[1]))  # Ties: the better retrieved block.
@@ -265,11 +264,11 @@ class QAService:
         block = blocks[i][rank]
         title = builder.titles[block_id]
         char_start = int(block.char_starts[s])
+        uid = features_lib.block_uid(title, block.text)
         answers.append({
             "answer": text, "score": score, "start": char_start, "end": char_start + len(text),
-            "evidence": {"block_id": block_id, "uid": contract.block_uid(title, block.text),
-                         "title": title, "text": block.text, "rank": rank,
-                         "retrieval_score": float(retrieval[i, rank])}})
+            "evidence": {"block_id": block_id, "uid": uid, "title": title, "text": block.text,
+                         "rank": rank, "retrieval_score": float(retrieval[i, rank])}})
       results.append({
           "question": question, "answers": answers, "model_step": self.model_step,
           "index": os.path.basename(index.path), "index_step": int(index.key[0]),
