@@ -309,6 +309,7 @@ class QAService:
             "num_blocks": int(handle.index.num_live),
             "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
             "in_flight": self._in_flight, "max_in_flight": self.max_in_flight,
+            "max_top_k": self.reader_beam_size,
             "uptime_seconds": round(time.time() - self.started, 1)}
 
   def close(self) -> None:
