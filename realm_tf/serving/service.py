@@ -98,8 +98,10 @@ class QAService:
     self.max_batch, self.max_in_flight = max_batch, max_in_flight
     self.timeout_seconds, self.poll_seconds = timeout_seconds, poll_seconds
     self.updater = updates.Updater(index_dir, keep=keep)
-    self._embed = tf.function(lambda x: self.model.query_embedder(x, training=False))
-    self._forward = tf.function(lambda f: self.model(f, training=False))
+    # Batches of 1 to max_batch questions: one trace with the batch dimension relaxed.
+    self._embed = tf.function(lambda x: self.model.query_embedder(x, training=False),
+                              reduce_retracing=True)
+    self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
     handle = qa.builder.handle
     self._current = _Index(qa.builder, handle.path, publish.parse_name(handle.path),
                            handle.manifest)
@@ -128,9 +130,11 @@ class QAService:
     return _Index(builder, handle.path, publish.parse_name(handle.path), handle.manifest)
 
   def _warm_up(self, index: _Index) -> None:
-    """Runs one question through ``index`` (traces the builder's and the model's
-    functions), so that the first real question after a swap is not slow."""
-    self._answer_batch(index, ["warm up"], 1)
+    """Runs batches of one and two questions through ``index`` (traces the builder's and
+    the model's functions, the second time for any batch size), so that no real question
+    waits for a trace."""
+    for size in (1, 2):
+      self._answer_batch(index, ["warm up"] * size, 1)
 
   def _load_newer(self) -> Optional[_Index]:
     """Opens the publication ``LATEST`` names if it is newer than the current and pending
