@@ -217,8 +217,8 @@ class Updater:
                                    options)
       cached.restore_block_tower(checkpoint)
     if not mismatch and cached.block_tower["fingerprint"] != recorded["fingerprint"]:
-      mismatch = f"checkpoint {checkpoint} holds other weights (fingerprint " \
-                 f"{cached.block_tower['fingerprint'][:12]}), "
+      mismatch = (f"checkpoint {checkpoint} holds other weights (fingerprint "
+                  f"{cached.block_tower['fingerprint'][:12]}), ")
     if mismatch:
       raise errors.IndexUpdateError(
           f"the index {path} was embedded with the block tower of {recorded['checkpoint']} "
