@@ -99,8 +99,8 @@ class RealmModelConfig(hyperparams.Config):
 
 
 @dataclasses.dataclass
-class IctDataConfig(cfg.DataConfig):
-  """ICT examples (the ICT examples pipeline): ``input_path`` is a glob or a list of globs."""
+class ExamplesDataConfig(cfg.DataConfig):
+  """TFRecord examples of a pipeline: ``input_path`` is a glob or a list of globs."""
   input_path: str = ""
   global_batch_size: int = 512
   is_training: bool = True
@@ -109,7 +109,19 @@ class IctDataConfig(cfg.DataConfig):
 
 
 @dataclasses.dataclass
-class MaskedLmDataConfig(IctDataConfig):
+class IctDataConfig(ExamplesDataConfig):
+  """ICT examples (the ICT examples pipeline).
+
+  ``query_mask_prob``: the share of queries in which a span of 1 to ``query_mask_span``
+  wordpieces is replaced by ``[MASK]``, so that the query tower learns queries shaped like
+  REALM's masked sentences (0: ORQA's ICT, whose queries never hold ``[MASK]``).
+  """
+  query_mask_prob: float = 0.0
+  query_mask_span: int = 3
+
+
+@dataclasses.dataclass
+class MaskedLmDataConfig(ExamplesDataConfig):
   """Masked sentences (the pre-training examples pipeline) and the blocks they retrieve from.
 
   ``resample_masks``: when training, each read of a sentence draws one of its masking variants

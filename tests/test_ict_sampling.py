@@ -211,3 +211,36 @@ def test_block_sentences_keeps_what_the_block_can_show():
   # Positions 5-8 and 9-10 are inside; the next sentence would start at 11 = the last [SEP].
   assert kept == [[9] * 4, [8] * 2] and dropped == 2
   assert ict_examples.block_sentences(title, [[9], [8]], 288) == ([[9], [8]], 0)
+
+
+def test_query_mask_prob_masks_one_span_of_the_sentence(tok, tmp_path):
+  """With query_mask_prob, a share of the queries get one span of 1..query_mask_span
+  wordpieces inside the sentence replaced by [MASK] (REALM's query shape); the rest of each
+  pair is the unmasked sampler's, and prob 0 is ORQA's ICT unchanged."""
+  blocks = {3: (ids(tok, [TITLE])[0], ids(tok, SENTENCES)),
+            8: (ids(tok, [OTHER_TITLE])[0], ids(tok, OTHER))}
+  path = write_ict_dir(str(tmp_path / "ict"), [
+      features.serialize_ict_block(i, t, s) for i, (t, s) in blocks.items()])
+
+  def reads(prob, mask_id=tok.mask_id):
+    params = ict_data(path, 4, True, seed=3)
+    params.query_mask_prob, params.query_mask_span = prob, 2
+    loader = loaders.get_loader(params, query_seq_length=12, block_seq_length=24,
+                                mask_id=mask_id)
+    return [{k: v.numpy() for k, v in b.items()} for b in loader.load().take(50)]
+
+  plain, masked = reads(0.0), reads(0.5)
+  spans = 0
+  for a, b in zip(plain, masked):
+    for key in ("query_mask", "block_ids", "block_mask", "block_type_ids", "block_id"):
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    for q, m, mask in zip(a["query_ids"], b["query_ids"], a["query_mask"]):
+      changed = np.flatnonzero(q != m)
+      if changed.size:
+        spans += 1
+        assert (m[changed] == tok.mask_id).all() and changed.size <= 2
+        assert (np.diff(changed) == 1).all()                          # one contiguous span
+        assert changed[0] >= 1 and changed[-1] <= mask.sum() - 2      # inside the sentence
+  assert 0.35 < spans / 200 < 0.65
+  with pytest.raises(loaders.InputError, match=r"needs the vocabulary's \[MASK\] id"):
+    reads(0.5, mask_id=None)

@@ -78,7 +78,7 @@ def _smallest_run(out, table, seeds):
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.tables", f"--output_dir={out}", f"--table={table}",
        f"--seeds={seeds}", "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4",
-       "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--validation_every=3",
+       "--distractor_steps=3", "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--validation_every=3",
        "--openqa_steps=3", "--qa_test_fraction=0.3", "--eval_fraction=0.3"],
       capture_output=True, text=True, timeout=1800, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -327,9 +327,26 @@ def ict_draws(num_sentences: tf.Tensor, seed, remove_prob: float):
   return index, u[:, 1] < remove_prob
 
 
+def mask_query_spans(word_ids, input_mask, seed, prob: float, mask_id: int, max_span: int):
+  """With probability ``prob`` per row, a span of 1 to ``max_span`` wordpieces (uniform, at most
+  the sentence) at a uniform place of a ``[CLS] sentence [SEP]`` query becomes ``[MASK]``: ICT
+  queries shaped like REALM's masked ones. Draws from ``stateless_uniform([b, 3], seed)``."""
+  batch, width = tf.shape(word_ids)[0], word_ids.shape[1]
+  u = tf.random.stateless_uniform(tf.stack([batch, 3]), seed=seed)
+  inner = tf.maximum(tf.reduce_sum(tf.cast(input_mask, tf.int32), axis=1) - 2, 0)
+  span = tf.minimum(1 + tf.cast(u[:, 0] * max_span, tf.int32), inner)
+  start = 1 + tf.minimum(tf.cast(u[:, 1] * tf.cast(inner - span + 1, tf.float32), tf.int32),
+                         inner - span)
+  pos = tf.range(width)[tf.newaxis, :]
+  hit = ((pos >= start[:, tf.newaxis]) & (pos < (start + span)[:, tf.newaxis]) &
+         (u[:, 2] < prob)[:, tf.newaxis])
+  return tf.where(hit, tf.cast(mask_id, word_ids.dtype), word_ids)
+
+
 def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: int,
                         block_seq_length: int, remove_prob: float, cls_id: int,
-                        sep_id: int) -> Dict[str, tf.Tensor]:
+                        sep_id: int, query_mask_prob: float = 0.0, mask_id: int = -1,
+                        max_mask_span: int = 3) -> Dict[str, tf.Tensor]:
   """ORQA's Inverse Cloze Task: one fresh (query, block) pair per parsed ICT record.
 
   In each row, sentence ``i`` (uniform over the block's sentences, :func:`ict_draws`) is the
@@ -347,6 +364,8 @@ def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: in
     remove_prob: probability that the query sentence is cut out of its block.
     cls_id: the ``[CLS]`` id.
     sep_id: the ``[SEP]`` id.
+    query_mask_prob: probability that a span of the query is masked (:func:`mask_query_spans`
+      with ``mask_id`` and ``max_mask_span``); 0, ORQA's ICT.
 
   Returns:
     A batch of examples with :func:`ict_features` (int32).
@@ -368,8 +387,13 @@ def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: in
   title = parsed["title_ids"][:, :max(block_seq_length - 3, 0)]
   block = pack_block_ids(tf.concat([cls, title, sep, context, sep], axis=1), block_seq_length,
                          sep_id)
+  query_ids = query["input_word_ids"]
+  if query_mask_prob > 0:
+    query_ids = mask_query_spans(query_ids, query["input_mask"],
+                                 tf.random.experimental.stateless_fold_in(seed, 1),
+                                 query_mask_prob, mask_id, max_mask_span)
   out = {
-      "query_ids": query["input_word_ids"], "query_mask": query["input_mask"],
+      "query_ids": query_ids, "query_mask": query["input_mask"],
       "block_ids": block["input_word_ids"], "block_mask": block["input_mask"],
       "block_type_ids": block["input_type_ids"],
       "block_id": tf.cast(parsed["block_id"], tf.int32),

@@ -112,6 +112,8 @@ class IctLoader:
     query_seq_length: query length (the model's).
     block_seq_length: block length (the model's).
     remove_prob: overrides the manifest's ``remove_prob``.
+    mask_id: the ``[MASK]`` id, needed when ``params.query_mask_prob`` > 0 (queries with a
+      masked span, ``features.mask_query_spans``).
 
   Raises:
     InputError: no files, directories of another ICT format (e.g. the older fixed pairs; the
@@ -121,8 +123,13 @@ class IctLoader:
   """
 
   def __init__(self, params: configs.IctDataConfig, query_seq_length: int,
-               block_seq_length: int, remove_prob: Optional[float] = None):
+               block_seq_length: int, remove_prob: Optional[float] = None,
+               mask_id: Optional[int] = None):
     self.params = params
+    if params.query_mask_prob > 0 and mask_id is None:
+      raise InputError("ICT with query_mask_prob > 0 needs the vocabulary's [MASK] id")
+    self.masking = dict(query_mask_prob=params.query_mask_prob, mask_id=mask_id or -1,
+                        max_mask_span=params.query_mask_span)
     self.lengths = dict(query_seq_length=query_seq_length, block_seq_length=block_seq_length)
     self.files = record_files(params.input_path)
     found = []
@@ -160,7 +167,7 @@ class IctLoader:
       seed = tf.stack([base_seed, batch_number * pipelines + pipeline_id])
       return features.sample_ict_examples(
           features.parse_ict_example(serialized), seed, remove_prob=self.remove_prob,
-          cls_id=self.cls_id, sep_id=self.sep_id, **self.lengths)
+          cls_id=self.cls_id, sep_id=self.sep_id, **self.lengths, **self.masking)
 
     return self.serialized(input_context).enumerate().map(
         sample, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
