@@ -67,7 +67,8 @@ def trained(tmp_path_factory):
   train_lib.run_experiment(configs.load_experiment(
       "ict_cpu", [os.path.join(CONFIGS, "ict_cpu__demo.yaml")], ",".join([
           f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
-          f"task.train_data.input_path={ict}/train-*", "task.train_data.global_batch_size=64"]
+          f"task.train_data.input_path={ict}/train-*", "task.train_data.global_batch_size=64",
+          "task.train_data.query_mask_prob=0.0"]  # ORQA's ICT: whole sentences as queries.
           + _schedule(300, 5e-4))), ict_dir, mode="train")
   refresher.build_index_for_checkpoint(None, ict_dir, blocks, index, refresher.BuildOptions(
       index_type="brute_force", recall_queries=0, progress=False, tensorboard_dir=""))
