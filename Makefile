@@ -8,7 +8,7 @@ STAMP := $(VENV)/.realm_tf_installed
 MINILM := assets/minilm/model.safetensors
 PYTEST := $(PY) -m pytest -q --durations=25 tests
 
-.PHONY: demo test test-all install assets clean
+.PHONY: demo test test-all install assets browser clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,15 @@ demo: install
 test: install
 	$(PYTEST)
 
-test-all: install
+# realm-serve's page is tested in a real headless browser (slow tier: make test-all), Debian's
+# chromium driven by selenium; installed with apt-get when missing (as root, on Debian/Ubuntu).
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif command -v apt-get >/dev/null; then \
+	  apt-get update && apt-get install -y chromium chromium-driver; \
+	else echo "the browser test needs chromium and chromedriver: install them"; exit 1; fi
+
+test-all: install browser
 	$(PYTEST) --runslow
 
 clean:

@@ -19,6 +19,9 @@ INSTALL_REQUIRES = [
     "absl-py",
     "numpy",
     "pyyaml",
+    # realm-serve: the HTTP API and its server.
+    "fastapi==0.165.*",
+    "uvicorn==0.54.*",
 ]
 
 setuptools.setup(
@@ -29,9 +32,11 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10,<3.13",
     packages=setuptools.find_packages(include=["realm_tf*", "data_prep*", "experiments*"]),
-    package_data={"experiments": ["configs/*.yaml"], "data_prep": ["resources/*"]},
+    package_data={"experiments": ["configs/*.yaml"], "data_prep": ["resources/*"],
+                  "realm_tf.serving": ["page.html"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest"]},
+    # The page's test drives Debian's chromium (apt: chromium chromium-driver) with selenium.
+    extras_require={"test": ["pytest", "selenium==4.51.*"]},
     entry_points={
         "console_scripts": [
             "realm-answer=realm_tf.binaries.answer:run",
@@ -40,6 +45,7 @@ setuptools.setup(
             "realm-eval=realm_tf.binaries.eval:run",
             "realm-index=realm_tf.binaries.index:run",
             "realm-refresh=realm_tf.binaries.refresh:run",
+            "realm-serve=realm_tf.binaries.serve:run",
             "realm-train=realm_tf.binaries.train:run",
         ],
     },

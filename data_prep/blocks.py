@@ -28,7 +28,6 @@ Output: a blocks directory as ``realm_tf.data.manifests`` defines it (``blocks-*
 import json
 import logging
 import os
-import re
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from absl import flags
@@ -39,11 +38,13 @@ from data_prep import beam_utils
 from data_prep import cli
 from data_prep import text as text_lib
 from data_prep import wiki
+# The per-article functions (no Beam in them, so that realm-index upsert cuts documents the same
+# way without importing Beam), here under their old names too.
+from data_prep.articles import (MIN_BODY_BUDGET, article_to_blocks,  # pylint: disable=unused-import
+                                articles_to_blocks, cut_long_span, pack_units,
+                                parse_jsonl_article)
 from realm_tf.data import features
 from realm_tf.data import manifests
-
-_WORD = re.compile(r"\S+")
-MIN_BODY_BUDGET = 16
 
 
 class CorpusInputError(manifests.DataError):
@@ -85,29 +86,6 @@ def _file_kind(path: str) -> str:
   raise CorpusInputError(f"unknown corpus format for {path}: expected .xml[.bz2] or .jsonl")
 
 
-def parse_jsonl_article(path: str, line_number: int, raw: bytes) -> Tuple[Optional[Dict], str]:
-  """One raw line of a JSON-lines corpus -> ``(article, "")`` or ``(None, reason)``.
-
-  The article is ``{"title", "text", "source"}``. Reasons (counted as ``skip:<reason>``):
-  ``non_utf8``, ``malformed_json``, ``missing_field``; blank lines are ignored (``blank_line``).
-  """
-  where = f"{path}:{line_number}"
-  try:
-    line = raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    return None, f"non_utf8: {where}: {e}"
-  if not line.strip():
-    return None, "blank_line"
-  try:
-    record = json.loads(line)
-  except json.JSONDecodeError as e:
-    return None, f"malformed_json: {where}: {e}"
-  if not isinstance(record, dict) or not isinstance(record.get("title"), str) or not isinstance(
-      record.get("text"), str):
-    return None, f"missing_field: {where}: expected an object with string 'title' and 'text'"
-  return {"title": record["title"], "text": record["text"], "source": where}, ""
-
-
 def read_corpus_file(path: str, kind: str) -> Iterator:
   """Yields ``("article", dict)``, ``("page", dict)`` or ``("skip", reason)`` from one file."""
   if kind == "xml":
@@ -120,90 +98,6 @@ def read_corpus_file(path: str, kind: str) -> Iterator:
       yield "article", article
     elif reason != "blank_line":
       yield "skip", reason
-
-
-# --------------------------------------------------------------------------------- packing --
-
-def pack_units(counts: Sequence[int], budget: int) -> List[Tuple[int, int]]:
-  """Greedy packing: unit index ranges ``[i, j)`` whose counts sum to at most ``budget``.
-
-  Every unit must fit on its own (``count <= budget``). Example: counts ``[3, 4, 2, 6]``,
-  budget 7 -> ``[(0, 2), (2, 3), (3, 4)]``.
-  """
-  groups, start, total = [], 0, 0
-  for i, n in enumerate(counts):
-    if n > budget:
-      raise ValueError(f"unit {i} has {n} wordpieces, more than the budget {budget}")
-    if i > start and total + n > budget:
-      groups.append((start, i))
-      start, total = i, 0
-    total += n
-  if start < len(counts):
-    groups.append((start, len(counts)))
-  return groups
-
-
-def cut_long_span(text: str, start: int, end: int, word_counts_fn, budget: int
-                  ) -> List[Tuple[int, int, int]]:
-  """Cuts ``text[start:end]`` (longer than ``budget`` wordpieces) into pieces that fit.
-
-  Cuts between whitespace-separated words; a single word longer than the budget is cut between
-  characters. Returns ``(start, end, wordpiece_count)`` character spans, in order, covering all
-  non-space characters of the span.
-  """
-  words = [(start + m.start(), start + m.end()) for m in _WORD.finditer(text[start:end])]
-  counts = word_counts_fn([text[s:e] for s, e in words])
-  units: List[Tuple[int, int, int]] = []
-  for (s, e), n in zip(words, counts):
-    if n <= budget:
-      units.append((s, e, n))
-    else:  # One character gives at most one wordpiece.
-      for cs in range(s, e, budget):
-        ce = min(cs + budget, e)
-        units.append((cs, ce, word_counts_fn([text[cs:ce]])[0]))
-  pieces = []
-  for i, j in pack_units([u[2] for u in units], budget):
-    pieces.append((units[i][0], units[j - 1][1], sum(u[2] for u in units[i:j])))
-  return pieces
-
-
-def article_to_blocks(title: str, text: str, tokenizer, block_seq_length: int = 288,
-                      sentences: Optional[List[Tuple[int, int]]] = None) -> List[Dict]:
-  """Splits one article into blocks.
-
-  Returns a list of ``{"body": str, "token_ids": [int], "char_start": int, "char_end": int}``
-  in article order; ``body == text[char_start:char_end]`` and ``token_ids`` is
-  ``[CLS] title [SEP] body [SEP]`` of length at most ``block_seq_length``.
-
-  Raises ValueError if the title alone leaves fewer than 16 wordpieces for the body.
-  """
-  if sentences is None:
-    sentences = text_lib.sentence_spans(text)
-  if not sentences:
-    return []
-  pieces = tokenizer.tokenize([title] + [text[s:e] for s, e in sentences])
-  title_ids = pieces[0].numpy().tolist()
-  budget = block_seq_length - 3 - len(title_ids)
-  if budget < MIN_BODY_BUDGET:
-    raise ValueError(f"title {title!r} has {len(title_ids)} wordpieces: no room for a body in "
-                     f"{block_seq_length}")
-  counts = pieces.row_lengths().numpy().tolist()[1:]
-  units: List[Tuple[int, int, int]] = []
-  for (s, e), n in zip(sentences, counts):
-    if n <= budget:
-      units.append((s, e, n))
-    else:
-      units.extend(cut_long_span(text, s, e, tokenizer.count_wordpieces, budget))
-  groups = [(units[i][0], units[j - 1][1]) for i, j in pack_units([u[2] for u in units], budget)]
-  bodies = [text[s:e] for s, e in groups]
-  body_ids = tokenizer.tokenize(bodies).to_list()
-  blocks = []
-  for (s, e), body, ids in zip(groups, bodies, body_ids):
-    if len(ids) > budget:  # Wordpiece counts are additive over whitespace; this is a guard.
-      raise AssertionError(f"block of {title!r} has {len(ids)} > {budget} body wordpieces")
-    token_ids = [tokenizer.cls_id] + title_ids + [tokenizer.sep_id] + ids + [tokenizer.sep_id]
-    blocks.append({"body": body, "token_ids": token_ids, "char_start": s, "char_end": e})
-  return blocks
 
 
 def doc_key(title: str, text: str) -> str:

@@ -23,6 +23,7 @@ from official.modeling import optimization
 from official.nlp.configs import encoders
 
 from realm_tf import errors
+from realm_tf.retrieval.scann_settings import ScannSettings
 
 # Sequence lengths of the paper and the released code.
 QUERY_SEQ_LENGTH = 96
@@ -294,6 +295,29 @@ class OpenQaTaskConfig(cfg.TaskConfig):
   trainable_blocks: int = 0
   refresh_index: bool = True
   index_wait_seconds: float = 600.0
+
+@dataclasses.dataclass
+class IndexConfig(hyperparams.Config):
+  """How ``realm-index build``/``realm-refresh`` build an index and how updates keep it.
+
+  YAML (``realm-index --config_file=index.yaml``; the binaries' flags override it)::
+
+      index_type: scann
+      recall_queries: 200
+      scann: {target_recall: 0.95, dimensions_per_block: 3, rebalance_imbalance: 0.1}
+
+  Attributes:
+    index_type: ``scann`` (exact scoring below ``scann.brute_force_below`` blocks) or
+      ``brute_force``.
+    batch_size: global batch size of the corpus embedding.
+    recall_queries: sample queries for the recall@10 check of each build (0: skip).
+    scann: ScaNN's settings (``retrieval.scann_settings.ScannSettings``: sizes, tuning
+      target, quantization, the rebalance rule after updates).
+  """
+  index_type: str = "scann"
+  batch_size: int = 128
+  recall_queries: int = 200
+  scann: ScannSettings = dataclasses.field(default_factory=ScannSettings)
 
 
 def retriever_tiny() -> RetrieverConfig:

@@ -4,6 +4,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -175,23 +176,24 @@ def test_rebuilt_when_the_corpus_changes(tmp_path):
   assert third.text(0) == "body 0 é"
 
 
-def test_concurrent_first_use_yields_one_store(tmp_path, monkeypatch):
-  """Two builders finish before either publishes: one rename wins, both open that store."""
+def test_concurrent_first_use_builds_one_store(tmp_path, monkeypatch):
+  """Two first uses at once: the store root's lock lets one build; the other waits for it and
+  opens that store."""
   blocks_dir = str(tmp_path / "blocks")
   write_raw_blocks(blocks_dir, [[2, 5 + i, 3, 6, 3] for i in range(30)])
   barrier = threading.Barrier(2, timeout=60)
-  publish = block_store._publish
-  results = {}
+  build = block_store._build
+  builds, results = [], {}
 
-  def racing_publish(tmp, final):
-    barrier.wait()
-    won = publish(tmp, final)
-    results.setdefault("won", []).append(won)
-    return won
+  def slow_build(*args):
+    builds.append(args[-2])
+    time.sleep(0.5)  # The other opener arrives while this one builds.
+    return build(*args)
 
-  monkeypatch.setattr(block_store, "_publish", racing_publish)
+  monkeypatch.setattr(block_store, "_build", slow_build)
 
   def open_store(name):
+    barrier.wait()
     results[name] = block_store.BlockStore.open(blocks_dir)
 
   threads = [threading.Thread(target=open_store, args=(n,)) for n in ("a", "b")]
@@ -199,7 +201,7 @@ def test_concurrent_first_use_yields_one_store(tmp_path, monkeypatch):
     t.start()
   for t in threads:
     t.join()
-  assert sorted(results["won"]) == [False, True]
+  assert len(builds) == 1
   assert results["a"].path == results["b"].path
   root = os.path.dirname(results["a"].path)
   assert os.listdir(root) == [os.path.basename(results["a"].path)]

@@ -45,6 +45,7 @@ from absl import flags
 import numpy as np
 
 from realm_tf.binaries import cli
+from realm_tf.retrieval import index_tuning
 from realm_tf.retrieval import mips_index
 
 flags.DEFINE_list("num_vectors", ["100000"], "Corpus sizes (1e6 and 4e6 for the full run).")
@@ -99,8 +100,7 @@ def _qps(search, queries, batch, repeats):
 
 
 def _recall(vectors, queries, ids, kth):
-  # pylint: disable-next=protected-access
-  return mips_index._tie_recall(vectors, queries, np.asarray(ids, np.int64), kth, 10)
+  return index_tuning.tie_recall(vectors, queries, np.asarray(ids, np.int64), kth, 10)
 
 
 class _Raw:

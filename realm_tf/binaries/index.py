@@ -20,8 +20,20 @@ r"""realm-index: build a MIPS index over a corpus once, and search it from the c
         --vocab_file=converted/orqa/vocab.txt --blocks_dir=data/released_blocks
     realm-index build --model_dir=converted/orqa --blocks_dir=data/released_blocks \
         --index_dir=idx [--embeddings_file=converted/orqa/block_emb.npy]
+
+    # Updates, by uid or title, never by row (realm_tf/retrieval/updates.py): only the new
+    # blocks are embedded, with the block tower the index records; a new step-N-uK publishes.
+    realm-index upsert --index_dir=idx --input=docs.jsonl      # {"title", "text"} per line
+    realm-index upsert --index_dir=idx --new_blocks_dir=more/blocks   # data_prep.blocks' output
+    realm-index delete --index_dir=idx --uid=<hex uid> --title="Some title"
+    # --model_dir (and --checkpoint) must name the index's own tower; default: what it records.
+
+    # Index settings as YAML (an IndexConfig: index_type, recall_queries, scann: {...});
+    # the flags override it.
+    realm-index build ... --config_file=index.yaml --target_recall=0.9
 """
 
+import json
 import os
 
 from absl import flags
@@ -37,6 +49,7 @@ from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import search as search_lib
+from realm_tf.retrieval import updates
 
 flags.DEFINE_string("model_dir", None, "A model directory (model_config.yaml, vocab, ckpt-N).")
 flags.DEFINE_string("checkpoint", None, "A checkpoint in --model_dir (default: the newest).")
@@ -64,14 +77,20 @@ flags.register_validator("num_shards", lambda v: v >= 0, message="--num_shards m
 flags.register_validator("limit", lambda v: v >= 0, message="--limit must be >= 0")
 flags.register_validator("block_seq_length", lambda v: v >= 3,
                          message="--block_seq_length must be at least 3")
-flags.DEFINE_integer("keep", 3, "build: indexes to keep in --index_dir.")
+flags.DEFINE_string("input", None,
+                    "upsert: a JSON-lines file of {\"title\", \"text\"} documents.")
+flags.DEFINE_string("new_blocks_dir", None, "upsert: a blocks directory (data_prep.blocks) of "
+                    "documents to add or replace.")
+flags.DEFINE_multi_string("uid", [], "delete: the uid of a block to delete (repeatable).")
+flags.DEFINE_multi_string("title", [], "delete: a title whose blocks to delete (repeatable).")
+flags.DEFINE_integer("keep", 3, "build, upsert, delete: indexes to keep in --index_dir.")
 flags.DEFINE_multi_string("query", None, "search: query text (repeatable).")
 flags.DEFINE_integer("k", 5, "search: results per query.")
 flags.DEFINE_integer("snippet_chars", 160, "search: characters of block text to show.")
 cli_flags.define_build_flags()
 
 FLAGS = flags.FLAGS
-COMMANDS = ("build", "embed", "import", "search")
+COMMANDS = ("build", "delete", "embed", "import", "search", "upsert")
 
 
 def _require(*names):
@@ -149,11 +168,33 @@ def search():
       print(f"      {_snippet(hit.body)}")
 
 
+def _updater() -> updates.Updater:
+  _require("index_dir")
+  return updates.Updater(FLAGS.index_dir, FLAGS.model_dir, FLAGS.checkpoint, keep=FLAGS.keep,
+                         progress=FLAGS.progress)
+
+
+def upsert():
+  if bool(FLAGS.input) == bool(FLAGS.new_blocks_dir):
+    raise errors.RetrievalError("upsert: give --input (JSON lines) or --new_blocks_dir")
+  if FLAGS.input:
+    result = _updater().upsert(documents=updates.read_documents(FLAGS.input))
+  else:
+    result = _updater().upsert(blocks=manifests.read_blocks(FLAGS.new_blocks_dir))
+  print(json.dumps(result.to_json(), ensure_ascii=False))
+
+
+def delete():
+  print(json.dumps(_updater().delete(uids=FLAGS.uid, titles=FLAGS.title).to_json(),
+                   ensure_ascii=False))
+
+
 def main(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise errors.RetrievalError(
         f"usage: realm-index {{{'|'.join(COMMANDS)}}} --flags... (got {' '.join(argv[1:])!r})")
-  {"build": build, "embed": embed, "import": import_blocks, "search": search}[argv[1]]()
+  {"build": build, "delete": delete, "embed": embed, "import": import_blocks,
+   "search": search, "upsert": upsert}[argv[1]]()
 
 
 def run():

@@ -26,16 +26,23 @@ blocks directory is local and writable, else a directory under the system's temp
   titles.bin         uint8 [num_title_bytes]: the block titles' UTF-8 text, in block_id order
   title_offsets.bin  int64 [num_blocks + 1]
 
-``key`` is a hash of the blocks manifest (which holds the corpus ``fingerprint``, the vocabulary's
-SHA1 and the block length) and of :data:`FORMAT`: a store is only ever opened for the manifest
-it was built from, so a rewritten corpus gets a new store. The store is built on first use
-(:meth:`BlockStore.open`), streaming over the shards batch by batch, into a temporary directory
-that is then renamed into place (``os.replace``): a reader never sees a partial store, and when
-two processes race, the first rename wins and the other opens the winner's store. Building checks
-the shards against the manifest (count, dense block ids, fingerprint) as ``read_blocks`` does.
-Stores of older manifests in the same ``store_root`` are removed once the new one is in place.
-Building holds about 50 bytes per block (ids, lengths, the final order) and one batch of records,
-never a Python object per block; it shows a progress bar from 100,000 blocks on.
+``key`` is a hash of the blocks manifest of version 0 (``corpus_updates.base_manifest``: the
+corpus ``fingerprint``, the vocabulary's SHA1, the block length) and of :data:`FORMAT`: a
+rewritten corpus gets a new store. The store is built on first use (:meth:`BlockStore.open`),
+streaming over the shards batch by batch, into a temporary directory that is then renamed into
+place (``os.replace``): a reader never sees a partial store. Building checks the shards against
+the manifest (count, dense block ids, fingerprints) as ``read_blocks`` does. Stores of other
+manifests of the same blocks directory in ``store_root`` are removed once the new one is in
+place. Building holds about 50 bytes per block (ids, lengths, the final order) and one batch of
+records, never a Python object per block; it shows a progress bar from 100,000 blocks on.
+
+**Versions** (``corpus_updates``). A store serves every version of its corpus: an update's
+blocks are appended to its files in place (:func:`_extend`, the rows the new version adds,
+O(added) work) and ``meta.json``, replaced last, says how many rows are complete; a reader maps
+the prefix of the version it opened (``BlockStore.open(blocks_dir, fingerprint=...)`` for an
+older one) and gets that version's deleted rows in :attr:`BlockStore.deleted`. Building and
+extending hold a lock on ``store_root`` (``flock``); an append interrupted by a crash leaves
+bytes past ``meta.json``'s sizes, cut off by the next one.
 
 Row ``len(store)`` is the null block ``[CLS] [SEP] [SEP]`` (empty body text, a zero digest that
 equals no uid's), accepted wherever a row id is.
@@ -44,10 +51,13 @@ Example::
 
   store = BlockStore.open(blocks_dir)
   len(store); store.tokens(7); store.body(7); store.text(7); store.uid_digest(7)
+  store.deleted; store.rows_with_title("Paris"); store.rows_with_uid(uid)
   packed = store.gather_packed(rows, 288)        # rows: int array of any shape, e.g. [b, k]
   same = store.same_uid(rows, source_uids)       # rows [b, k], source_uids [b] -> bool [b, k]
 """
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -56,11 +66,12 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 
 FORMAT = 2
@@ -115,17 +126,6 @@ def default_store_root(blocks_dir: str) -> str:
     return os.path.join(blocks_dir, STORE_DIR)
   name = hashlib.sha1(os.path.abspath(blocks_dir).encode("utf-8")).hexdigest()[:16]
   return os.path.join(tempfile.gettempdir(), "realm_tf_block_store", name)
-
-
-def _publish(tmp: str, final: str) -> bool:
-  """Renames the finished ``tmp`` to ``final``; False when another builder got there first."""
-  try:
-    os.replace(tmp, final)
-    return True
-  except OSError:
-    if os.path.isdir(final):
-      return False
-    raise
 
 
 def _map(path: str, dtype, shape) -> np.ndarray:
@@ -184,7 +184,10 @@ class BlockStore:
   Attributes:
     cls_id, sep_id: the ``[CLS]``/``[SEP]`` ids used for the null row and by default in
       :meth:`body` and :meth:`gather_packed` (the first and last token of block 0 unless given).
-    fingerprint: the corpus fingerprint of the manifest the store was built from.
+    fingerprint: the corpus fingerprint of the version the store was opened for.
+    fingerprints: the fingerprints of that version and every older one, oldest first
+      (``corpus_updates.fingerprints``).
+    deleted: sorted int64 rows deleted in that version (still readable; never retrieved).
     path: the store's directory (None for one built in memory).
   """
 
@@ -192,7 +195,8 @@ class BlockStore:
                first_seps: np.ndarray, texts: np.ndarray, text_offsets: np.ndarray,
                titles: np.ndarray, title_offsets: np.ndarray,
                cls_id: Optional[int], sep_id: Optional[int], fingerprint: Optional[str] = None,
-               path: Optional[str] = None):
+               path: Optional[str] = None, deleted: Optional[np.ndarray] = None,
+               fingerprints: Optional[Sequence[str]] = None):
     self._tokens, self._offsets, self._digests = tokens, offsets, digests
     self._first_seps = first_seps  # per block, the position of its first sep_id (-1: none)
     self._sep_of_first_seps = None if sep_id is None else int(sep_id)
@@ -202,8 +206,11 @@ class BlockStore:
     self.cls_id = None if cls_id is None else int(cls_id)
     self.sep_id = None if sep_id is None else int(sep_id)
     self.fingerprint = fingerprint
+    self.fingerprints = list(fingerprints) if fingerprints else [fingerprint]
+    self.deleted = np.unique(np.asarray([] if deleted is None else deleted, np.int64))
     self.path = path
     self._title_data, self._title_offsets = titles, title_offsets
+    self._title_lengths = None
     self.texts = _Texts(texts, text_offsets)
     self.titles = _Texts(titles, title_offsets)
 
@@ -211,45 +218,41 @@ class BlockStore:
   @classmethod
   def open(cls, blocks_dir: str, store_dir: Optional[str] = None,
            progress: Optional[bool] = None, cls_id: Optional[int] = None,
-           sep_id: Optional[int] = None) -> "BlockStore":
-    """The store of ``blocks_dir``, built first when there is none for its current manifest.
+           sep_id: Optional[int] = None, fingerprint: Optional[str] = None) -> "BlockStore":
+    """The store of ``blocks_dir``'s current version (or of its older version
+    ``fingerprint``), built or extended first when needed.
 
     Args:
       blocks_dir: a blocks directory (``manifests``' format).
       store_dir: where stores live (default :func:`default_store_root`).
       progress: show a progress bar while building (None: for 100,000 blocks or more).
       cls_id, sep_id: override the special ids the store infers from block 0.
+      fingerprint: open this version of the corpus (e.g. the one an index was built over).
 
     Raises the errors of ``manifests.load_blocks_manifest`` / ``block_shard_files`` and
     ``CorpusFormatError`` when the shards do not match the manifest.
     """
     manifest = manifests.load_blocks_manifest(blocks_dir)
-    key = manifest_key(manifest)
+    if fingerprint is not None:
+      manifest = corpus_updates.manifest_at(manifest, fingerprint)
+    key = manifest_key(corpus_updates.base_manifest(manifest))
     root = store_dir or default_store_root(blocks_dir)
     final = os.path.join(root, key[:20])
-    store = cls._try_open(final, key)
+    rows = int(manifest["num_blocks"])
+    store = cls._try_open(final, key, rows)
     if store is None:
       os.makedirs(root, exist_ok=True)
-      tmp = os.path.join(root, f".tmp-{key[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-      try:
-        _build(blocks_dir, manifest, key, tmp, progress)
-        if not _publish(tmp, final):
-          store = cls._try_open(final, key)
-          if store is None:   # A damaged store in the way: move it aside, then publish.
-            try:
-              os.replace(final, f"{tmp}.damaged")
-            except OSError:
-              pass            # Another builder moved it first.
-            shutil.rmtree(f"{tmp}.damaged", ignore_errors=True)
-            _publish(tmp, final)
-          else:
-            logging.info("block store %s: another process built it first", final)
-      finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-      store = store or cls._try_open(final, key)
-      if store is None:
-        raise manifests.CorpusFormatError(f"block store {final} is unreadable after building")
+      with _store_lock(root):  # One builder or extender at a time.
+        store = cls._try_open(final, key, rows)
+        if store is None and _committed_rows(final, key) is not None:
+          if _extend(final, blocks_dir, manifest):
+            store = cls._try_open(final, key, rows)
+        if store is None:
+          store = cls._rebuild(blocks_dir, manifest, key, root, final, progress)
       _remove_stale(root, os.path.basename(final), blocks_dir)
+    store.fingerprint = manifest["fingerprint"]
+    store.fingerprints = corpus_updates.fingerprints(manifest)
+    store.deleted = corpus_updates.deleted_rows(manifest)
     if cls_id is not None:
       store.cls_id = int(cls_id)
     if sep_id is not None:
@@ -257,32 +260,46 @@ class BlockStore:
     return store
 
   @classmethod
-  def _try_open(cls, path: str, key: str) -> Optional["BlockStore"]:
-    """The store in ``path`` when it is complete and built for ``key``, else None."""
+  def _rebuild(cls, blocks_dir: str, manifest: Dict, key: str, root: str, final: str,
+               progress: Optional[bool]) -> "BlockStore":
+    """Builds the store of ``manifest`` afresh and puts it in place of whatever is in
+    ``final`` (a damaged store, or one that cannot be extended); holds the store's lock."""
+    tmp = os.path.join(root, f".tmp-{key[:20]}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-      with open(os.path.join(path, META)) as f:
-        meta = json.load(f)
-    except (OSError, ValueError):
-      return None
-    if meta.get("format") != FORMAT or meta.get("key") != key:
+      _build(blocks_dir, manifest, key, tmp, progress)
+      if os.path.isdir(final):  # Moved aside first: nobody sees a half-removed store.
+        os.replace(final, f"{tmp}.old")
+        shutil.rmtree(f"{tmp}.old", ignore_errors=True)
+      os.replace(tmp, final)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    store = cls._try_open(final, key, int(manifest["num_blocks"]))
+    if store is None:
+      raise manifests.CorpusFormatError(f"block store {final} is unreadable after building")
+    return store
+
+  @classmethod
+  def _try_open(cls, path: str, key: str, rows: int) -> Optional["BlockStore"]:
+    """The first ``rows`` rows of the store in ``path`` when it is complete, built for
+    ``key`` and holds them; else None."""
+    meta = _read_meta(path, key)
+    if meta is None or int(meta["num_blocks"]) < rows:
       return None
     n, dtype = int(meta["num_blocks"]), np.dtype(meta["token_dtype"])
-    sizes = dict(zip(_FILES, (int(meta["num_tokens"]) * dtype.itemsize, 8 * (n + 1),
-                              DIGEST_BYTES * n, 4 * n, int(meta["num_text_bytes"]),
-                              8 * (n + 1), int(meta["num_title_bytes"]), 8 * (n + 1))))
+    sizes = _file_sizes(meta)
     for name, size in sizes.items():
       file = os.path.join(path, name)
-      if not os.path.isfile(file) or os.path.getsize(file) != size:
+      if not os.path.isfile(file) or os.path.getsize(file) < size:
         return None
     join = lambda name: os.path.join(path, name)
-    return cls(_map(join("tokens.bin"), dtype, [int(meta["num_tokens"])]),
-               _map(join("offsets.bin"), np.int64, [n + 1]),
-               _map(join("uid_digests.bin"), np.uint8, [n, DIGEST_BYTES]),
-               _map(join("first_seps.bin"), np.int32, [n]),
-               _map(join("texts.bin"), np.uint8, [int(meta["num_text_bytes"])]),
-               _map(join("text_offsets.bin"), np.int64, [n + 1]),
-               _map(join("titles.bin"), np.uint8, [int(meta["num_title_bytes"])]),
-               _map(join("title_offsets.bin"), np.int64, [n + 1]),
+    offsets = _map(join("offsets.bin"), np.int64, [n + 1])[:rows + 1]
+    text_offsets = _map(join("text_offsets.bin"), np.int64, [n + 1])[:rows + 1]
+    title_offsets = _map(join("title_offsets.bin"), np.int64, [n + 1])[:rows + 1]
+    return cls(_map(join("tokens.bin"), dtype, [int(offsets[-1])]), offsets,
+               _map(join("uid_digests.bin"), np.uint8, [rows, DIGEST_BYTES]),
+               _map(join("first_seps.bin"), np.int32, [rows]),
+               _map(join("texts.bin"), np.uint8, [int(text_offsets[-1])]), text_offsets,
+               _map(join("titles.bin"), np.uint8, [int(title_offsets[-1])]), title_offsets,
                meta.get("cls_id"), meta.get("sep_id"), meta.get("fingerprint"), path)
 
   @classmethod
@@ -377,6 +394,55 @@ class BlockStore:
     """The 20-byte uid digest of block ``i`` (:func:`uid_digest`; zeros for the null row)."""
     i = self._row(i)
     return NULL_DIGEST if i == len(self) else self._digests[i].tobytes()
+
+  # ---- rows by uid, title, deletion ----
+  @property
+  def uid_keys(self) -> np.ndarray:
+    """One ``V20`` value per block, its uid digest: equal values, the same uid (for grouping
+    blocks by uid)."""
+    return self._digest_view
+
+  def token_lengths(self) -> np.ndarray:
+    """int64 ``[n]``: the number of ids of each block."""
+    return np.diff(self._offsets)
+
+  def is_live(self, rows) -> np.ndarray:
+    """bool, shape of ``rows``: a block of this version that is not deleted (the null row and
+    negative rows: False)."""
+    rows = np.asarray(rows, np.int64)
+    return (rows >= 0) & (rows < len(self)) & ~np.isin(rows, self.deleted)
+
+  def rows_with_uid(self, uid) -> np.ndarray:
+    """The live rows whose uid is ``uid`` (str or bytes), ascending."""
+    want = np.frombuffer(uid_digest(uid), f"V{DIGEST_BYTES}")[0]
+    rows = np.flatnonzero(self._digest_view == want)
+    return rows[self.is_live(rows)]
+
+  def rows_with_title(self, title: str) -> np.ndarray:
+    """The live rows whose title is ``title``, ascending."""
+    return self.rows_with_titles([title])[0]
+
+  def rows_with_titles(self, titles: Sequence[str]) -> List[np.ndarray]:
+    """:meth:`rows_with_title` of each title: one pass over the blocks per distinct title
+    length (an update looks up every document's title at once)."""
+    if self._title_lengths is None:  # Kept for the next lookup.
+      self._title_lengths = np.diff(self._title_offsets)
+    wanted = [title.encode("utf-8") for title in titles]
+    out: List[np.ndarray] = [np.zeros([0], np.int64)] * len(titles)
+    for length in sorted({len(w) for w in wanted}):
+      rows, keys = np.flatnonzero(self._title_lengths == length), None
+      if length and len(rows):  # The titles of that length as fixed-width byte strings.
+        at = self._title_offsets[rows][:, None] + np.arange(length)[None, :]
+        keys = np.ascontiguousarray(self._title_data[at]).view(f"S{length}")[:, 0]
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+      for i, w in enumerate(wanted):
+        if len(w) == length:  # (No keys: every row has the empty title, or no row matches.)
+          found = rows if keys is None else rows[np.searchsorted(keys, w, "left"):
+                                                 np.searchsorted(keys, w, "right")]
+          found = np.sort(found)
+          out[i] = found[self.is_live(found)]
+    return out
 
   # ---- batches of rows ----
   def same_uid(self, rows, uids) -> np.ndarray:
@@ -630,7 +696,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
            progress: Optional[bool]) -> None:
   """Streams the shards of ``blocks_dir`` into a complete store in the new directory ``out``."""
   import tqdm  # pylint: disable=g-import-not-at-top
-  files = manifests.block_shard_files(blocks_dir, manifest)
+  files = corpus_updates.corpus_files(blocks_dir, manifest)
   n = int(manifest["num_blocks"])
   os.makedirs(out)
   start = time.time()
@@ -675,9 +741,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   if not np.array_equal(block_ids[order], np.arange(n)):
     raise manifests.CorpusFormatError(f"{blocks_dir}: the block ids are not 0..{n - 1}, each once")
   uid_offsets = _permute(join("uids.arrival"), join("uids.bin"), np.uint8, uid_lengths, order)
-  if _fingerprint(join("uids.bin"), uid_offsets) != manifest["fingerprint"]:
-    raise manifests.CorpusFormatError(f"{blocks_dir}: the blocks do not match the manifest "
-                                      "fingerprint")
+  _check_fingerprints(join("uids.bin"), uid_offsets, manifest, blocks_dir)
   os.remove(join("uids.bin"))
   _permute(join("digests.arrival"), join("uid_digests.bin"), np.uint8,
            np.full([n], DIGEST_BYTES, np.int64), order)
@@ -691,13 +755,147 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   flat = _FileArray(join("tokens.bin"), tokens.dtype)
   cls_id, sep_id = _special_ids(flat[0:int(offsets[1])], offsets[1:2], None, None)
   _first_seps(flat, offsets, sep_id).tofile(join("first_seps.bin"))
+  base = corpus_updates.base_manifest(manifest)
   meta = {"format": FORMAT, "key": key, "blocks_dir": _location(blocks_dir),
-          "fingerprint": manifest["fingerprint"],
+          "fingerprint": base["fingerprint"],
           "num_blocks": n, "num_tokens": int(offsets[-1]), "token_dtype": tokens.dtype.name,
           "num_text_bytes": int(text_lengths.sum()),
           "num_title_bytes": int(title_lengths.sum()), "cls_id": cls_id, "sep_id": sep_id,
-          "manifest": manifest}
+          "manifest": base}
   with open(join(META), "w") as f:
     json.dump(meta, f, indent=2)
   logging.info("built the block store of %s: %d blocks, %d tokens (%s) in %.1f s", blocks_dir,
                n, meta["num_tokens"], meta["token_dtype"], time.time() - start)
+
+
+# ---- versions: the lock, the committed rows, appending an update's rows ----
+
+@contextlib.contextmanager
+def _store_lock(root: str):
+  """Holds a lock on the directory ``root`` (one builder or extender of its stores at a time;
+  released when the process dies)."""
+  fd = os.open(root, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)
+
+
+def _read_meta(path: str, key: str) -> Optional[Dict]:
+  """``meta.json`` of a complete store built for ``key``, else None."""
+  try:
+    with open(os.path.join(path, META)) as f:
+      meta = json.load(f)
+  except (OSError, ValueError):
+    return None
+  return meta if meta.get("format") == FORMAT and meta.get("key") == key else None
+
+
+def _committed_rows(path: str, key: str) -> Optional[int]:
+  meta = _read_meta(path, key)
+  return None if meta is None else int(meta["num_blocks"])
+
+
+def _file_sizes(meta: Dict) -> Dict[str, int]:
+  """The bytes of each file that ``meta`` covers (a file may be longer: an interrupted
+  append)."""
+  n, dtype = int(meta["num_blocks"]), np.dtype(meta["token_dtype"])
+  return dict(zip(_FILES, (int(meta["num_tokens"]) * dtype.itemsize, 8 * (n + 1),
+                           DIGEST_BYTES * n, 4 * n, int(meta["num_text_bytes"]), 8 * (n + 1),
+                           int(meta["num_title_bytes"]), 8 * (n + 1))))
+
+
+def _check_fingerprints(uids_path: str, uid_offsets: np.ndarray, manifest: Dict,
+                        where: str, first_version: int = 0) -> None:
+  """The stored uids (one after the other in ``uids_path``, rows from the first of version
+  ``first_version``) against each version's fingerprint from ``first_version`` on."""
+  done = corpus_updates.updates(manifest)
+  base = corpus_updates.base_manifest(manifest)
+  first_row = 0 if first_version == 0 else done[first_version - 1]["first_block_id"]
+  if first_version == 0:
+    n0 = int(base["num_blocks"])
+    if _fingerprint(uids_path, uid_offsets[:n0 + 1]) != base["fingerprint"]:
+      raise manifests.CorpusFormatError(f"{where}: the blocks do not match the manifest "
+                                        "fingerprint")
+  data = _FileArray(uids_path, np.uint8)
+  previous = corpus_updates.fingerprints(manifest)[max(first_version - 1, 0)]
+  for update in done[max(first_version - 1, 0):]:
+    lo, hi = update["first_block_id"] - first_row, (update["first_block_id"] - first_row +
+                                                    update["num_added"])
+    raw = data[int(uid_offsets[lo]):int(uid_offsets[hi])].tobytes()
+    cuts = uid_offsets[lo:hi + 1] - uid_offsets[lo]
+    uids = [raw[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    previous = corpus_updates.chain_fingerprint(previous, uids, update["deleted"])
+    if previous != update["fingerprint"]:
+      raise manifests.CorpusFormatError(f"{where}: the blocks of update {update['version']} do "
+                                        "not match its fingerprint")
+
+
+def _append_file(path: str, size: int, data: np.ndarray) -> None:
+  """Cuts ``path`` to ``size`` bytes (what the last complete append left) and appends."""
+  with open(path, "r+b") as f:
+    f.truncate(size)
+    f.seek(size)
+    f.write(np.ascontiguousarray(data).tobytes())
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _extend(path: str, blocks_dir: str, manifest: Dict) -> bool:
+  """Appends the rows the store in ``path`` lacks, those of ``manifest``'s updates, in place;
+  ``meta.json`` last. Holds the store's lock (the caller's). False when the store cannot take
+  them (wider token ids than it stores, or rows that start mid-update): rebuild it."""
+  meta = _read_meta(path, manifest_key(corpus_updates.base_manifest(manifest)))
+  have, want = int(meta["num_blocks"]), int(manifest["num_blocks"])
+  done = corpus_updates.updates(manifest)
+  firsts = [u["first_block_id"] for u in done]
+  if have not in firsts:
+    return False
+  first_version = firsts.index(have) + 1
+  files = corpus_updates.update_files(blocks_dir, manifest, first_version)
+  parts = [_parse(batch) for batch in tf.data.TFRecordDataset(files).batch(_BATCH)]
+  parts = [{k: v.numpy() for k, v in p.items()} for p in parts]
+  block_ids = np.concatenate([p["block_id"] for p in parts])
+  if not np.array_equal(block_ids, np.arange(have, want)):
+    raise manifests.CorpusFormatError(f"{blocks_dir}: the updates' blocks are not rows "
+                                      f"{have}..{want - 1} in order")
+  values = np.concatenate([p["values"] for p in parts])
+  dtype = np.dtype(meta["token_dtype"])
+  if values.size and (values.min() < 0 or token_dtype(int(values.max())).itemsize >
+                      dtype.itemsize):
+    return False
+  join = lambda name: os.path.join(path, name)
+  uids = [u for p in parts for u in p["uid"]]
+  uid_lengths = _byte_lengths(uids)
+  with tempfile.NamedTemporaryFile(dir=path, prefix=".uids-", delete=True) as f:
+    f.write(b"".join(uids))
+    f.flush()
+    _check_fingerprints(f.name, _offsets(uid_lengths), manifest, blocks_dir, first_version)
+  sizes = _file_sizes(meta)
+  lengths = np.concatenate([p["lengths"] for p in parts]).astype(np.int64)
+  local = _offsets(lengths)
+  columns = {"tokens.bin": values.astype(dtype),
+             "offsets.bin": local[1:] + int(meta["num_tokens"]),
+             "uid_digests.bin": np.frombuffer(b"".join(uid_digest(u) for u in uids), np.uint8),
+             "first_seps.bin": _first_seps(values, local, meta.get("sep_id"))}
+  for name, field, total in (("texts", "body", "num_text_bytes"),
+                             ("titles", "title", "num_title_bytes")):
+    strings = [x for p in parts for x in p[field]]
+    string_lengths = _byte_lengths(strings)
+    columns[f"{name}.bin"] = np.frombuffer(b"".join(strings), np.uint8)
+    prefix = name[:-1]  # text_offsets.bin, title_offsets.bin
+    columns[f"{prefix}_offsets.bin"] = _offsets(string_lengths)[1:] + int(meta[total])
+  for name in _FILES:
+    _append_file(join(name), sizes[name], columns[name])
+  meta = dict(meta, num_blocks=want, num_tokens=int(meta["num_tokens"]) + int(values.size),
+              num_text_bytes=int(meta["num_text_bytes"]) + int(columns["texts.bin"].size),
+              num_title_bytes=int(meta["num_title_bytes"]) + int(columns["titles.bin"].size))
+  tmp = join(f"{META}.tmp-{os.getpid()}")
+  with open(tmp, "w") as f:
+    json.dump(meta, f, indent=2)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, join(META))
+  logging.info("block store %s: appended rows %d..%d", path, have, want - 1)
+  return True

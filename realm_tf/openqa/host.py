@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from realm_tf import configs
 from realm_tf.data import block_store
+from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import errors
@@ -52,8 +53,10 @@ def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int]
     if not blocks_dir:
       raise errors.IndexFormatError(f"{latest}: the index does not name its blocks dir; give "
                                     "blocks_dir")
-  fingerprint = manifests.load_blocks_manifest(blocks_dir)["fingerprint"] if blocks_dir else None
-  handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=fingerprint,
+  # Every version of the corpus (realm-index upsert|delete): an index of an older one fits.
+  versions = (corpus_updates.fingerprints(manifests.load_blocks_manifest(blocks_dir))
+              if blocks_dir else None)
+  handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=versions,
                                   expected_dim=expected_dim, poll_seconds=1.0, watch=watch,
                                   wait_seconds=wait_seconds if blocks_dir else 0.0)
   try:
@@ -80,7 +83,8 @@ def build_input_builder(model: configs.RealmModelConfig, index_dir: str, blocks_
   tokenizer = RealmTokenizer(model.vocab_file, lower_case=model.lower_case)
   # Texts and titles memory-mapped from the block store, decoded when read.
   store = block_store.BlockStore.open(blocks_dir, cls_id=tokenizer.cls_id,
-                                      sep_id=tokenizer.sep_id)
+                                      sep_id=tokenizer.sep_id,
+                                      fingerprint=handle.manifest.get("corpus_fingerprint"))
   bodies = store.texts.blocks()
   logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
   return inputs_lib.OpenQaInputBuilder(

@@ -13,13 +13,18 @@ Example::
     ids, emb = embed_corpus(block_embedder, "blocks/", config.retriever.block_seq_length,
                             config.vocab_file)
     table = assemble_rows(ids, emb, num_blocks=len(ids))  # row i = block i
+
+Every version of the corpus is read (``corpus_updates``): the pipeline's shards, then the
+blocks updates appended; ``rows_from`` embeds only the rows an update added (from its first
+row on). :func:`tower_fingerprint` names the block tower an index was embedded with.
 """
 
 import glob
+import hashlib
 import os
 import re
 import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from absl import logging
 import numpy as np
@@ -27,6 +32,7 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf import tokenization
+from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import loaders
 from realm_tf.data import manifests
@@ -35,7 +41,7 @@ from realm_tf.retrieval import errors
 _SHARD_RE = re.compile(r"embeddings-shard-(\d+)-of-(\d+)\.npy$")
 
 
-def _tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
+def tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
   """Whether the blocks' ``token_ids`` were made with this vocabulary and casing."""
   sha1 = manifest.get("vocab_sha1")
   if sha1 is None:
@@ -43,6 +49,28 @@ def _tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
   if sha1 != manifests.file_sha1(vocab_file):
     return False
   return bool(manifest.get("lower_case", lower_case)) == bool(lower_case)
+
+
+def tower_fingerprint(tower: tf.Module) -> str:
+  """Hex SHA1 over a tower's variables (names, shapes and values, in order): which weights
+  embedded an index's blocks."""
+  h = hashlib.sha1()
+  for variable in tower.variables:
+    value = np.ascontiguousarray(variable.numpy())
+    h.update(f"{variable.name}:{value.shape}:{value.dtype}\n".encode("utf-8"))
+    h.update(value.tobytes())
+  return h.hexdigest()
+
+
+def corpus_rows_files(blocks_dir: str, manifest: dict, rows_from: int = 0) -> List[str]:
+  """The files holding rows ``rows_from ..`` of the corpus: all of them for 0, else the files
+  of the updates from the one whose first row is ``rows_from``."""
+  if rows_from == 0:
+    return corpus_updates.corpus_files(blocks_dir, manifest)
+  for update in corpus_updates.updates(manifest):
+    if update["first_block_id"] == rows_from:
+      return corpus_updates.update_files(blocks_dir, manifest, update["version"])
+  raise errors.CorpusFormatError(f"{blocks_dir}: no update starts at row {rows_from}")
 
 
 def block_dataset(blocks_dir: str,
@@ -53,9 +81,11 @@ def block_dataset(blocks_dir: str,
                   shard_index: int = 0,
                   num_shards: int = 1,
                   pad_to_batch: bool = True,
-                  input_context: Optional[tf.distribute.InputContext] = None
-                  ) -> tf.data.Dataset:
-  """Batches ``(block_id int64 [b], inputs)`` of one shard of the corpus.
+                  input_context: Optional[tf.distribute.InputContext] = None,
+                  rows_from: int = 0, manifest: Optional[dict] = None) -> tf.data.Dataset:
+  """Batches ``(block_id int64 [b], inputs)`` of one shard of the corpus (of its rows from
+  ``rows_from`` on: :func:`corpus_rows_files`; of the version ``manifest`` describes, default
+  the current one).
 
   ``inputs`` are int32 ``input_word_ids``, ``input_mask``, ``input_type_ids`` of shape
   ``[b, seq_length]``, packed from the stored ``token_ids`` (trimmed keeping the final
@@ -65,11 +95,11 @@ def block_dataset(blocks_dir: str,
   """
   if num_shards < 1 or not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index {shard_index} is not in [0, num_shards={num_shards})")
-  manifest = manifests.load_blocks_manifest(blocks_dir)
-  files = manifests.block_shard_files(blocks_dir, manifest)
+  manifest = manifest or manifests.load_blocks_manifest(blocks_dir)
+  files = corpus_rows_files(blocks_dir, manifest, rows_from)
   vocab = tokenization.load_vocab(vocab_file)
   sep_id = vocab.index("[SEP]")
-  if _tokens_match(manifest, vocab_file, lower_case):
+  if tokens_match(manifest, vocab_file, lower_case):
     tokenizer = None
   else:
     logging.warning("blocks in %s were tokenized with another vocabulary (%s) than the "
@@ -124,6 +154,29 @@ def _embed_step(block_embedder, strategy):
   return per_model[id(strategy)][1]
 
 
+_STORE_STEPS = weakref.WeakKeyDictionary()
+
+
+def embed_store_rows(block_embedder: Callable, store, rows: np.ndarray, seq_length: int,
+                     batch_size: int = 128) -> np.ndarray:
+  """float32 ``[len(rows), d]``: ``block_embedder`` over rows of a ``BlockStore``, their
+  inputs packed by the store (``gather_packed``: what :func:`block_dataset` packs for blocks
+  tokenized with the model's vocabulary). For an update's few rows: no ``tf.data`` pipeline to
+  build; every batch is padded to ``batch_size`` rows (one trace)."""
+  if block_embedder not in _STORE_STEPS:
+    _STORE_STEPS[block_embedder] = tf.function(
+        lambda x: tf.cast(block_embedder(x, training=False), tf.float32))
+  step = _STORE_STEPS[block_embedder]
+  rows = np.asarray(rows, np.int64)
+  out = []
+  for start in range(0, len(rows), batch_size):
+    chunk = rows[start:start + batch_size]
+    packed = store.gather_packed(np.pad(chunk, (0, batch_size - len(chunk)), mode="edge"),
+                                 seq_length)
+    out.append(step({k: tf.constant(v) for k, v in packed.items()}).numpy()[:len(chunk)])
+  return np.concatenate(out) if out else np.zeros([0, 0], np.float32)
+
+
 def shard_size(num_blocks: int, shard_index: int, num_shards: int) -> int:
   """How many blocks record-level shard ``shard_index`` of ``num_shards`` holds."""
   return len(range(shard_index, num_blocks, num_shards))
@@ -138,7 +191,8 @@ def embed_corpus(block_embedder: Callable,
                  shard_index: int = 0,
                  num_shards: int = 1,
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 progress: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+                 progress: bool = True, rows_from: int = 0,
+                 manifest: Optional[dict] = None) -> Tuple[np.ndarray, np.ndarray]:
   """Embeds one shard of the corpus with ``block_embedder``.
 
   Args:
@@ -151,14 +205,17 @@ def embed_corpus(block_embedder: Callable,
     shard_index, num_shards: which record-level shard of the corpus to embed.
     strategy: a ``tf.distribute`` strategy; default ``tf.distribute.get_strategy()``.
     progress: show a tqdm progress bar.
+    rows_from: embed only rows ``rows_from ..`` (those of the updates from the one that
+      starts there on: the blocks an update added).
+    manifest: the corpus version to embed (default: the current one).
 
   Returns:
     ``(block_ids int64 [m], embeddings float32 [m, d])`` for the ``m`` blocks of the shard, in
     reading order.
   """
   strategy = strategy or tf.distribute.get_strategy()
-  manifest = manifests.load_blocks_manifest(blocks_dir)
-  total = shard_size(int(manifest["num_blocks"]), shard_index, num_shards)
+  manifest = manifest or manifests.load_blocks_manifest(blocks_dir)
+  total = shard_size(int(manifest["num_blocks"]) - rows_from, shard_index, num_shards)
   if total == 0:
     raise errors.EmptyCorpusError(
         f"shard {shard_index} of {num_shards} of {blocks_dir} holds no blocks "
@@ -168,7 +225,7 @@ def embed_corpus(block_embedder: Callable,
     per_replica = loaders.per_replica_batch_size(batch_size, input_context)
     return block_dataset(blocks_dir, seq_length, per_replica, vocab_file, lower_case,
                          shard_index, num_shards, pad_to_batch=True,
-                         input_context=input_context)
+                         input_context=input_context, rows_from=rows_from, manifest=manifest)
 
   dataset = strategy.distribute_datasets_from_function(dataset_fn)
   step = _embed_step(block_embedder, strategy)
@@ -275,7 +332,7 @@ def sample_query_inputs(blocks_dir: str, num_queries: int, seq_length: int, voca
       tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
   serialized = next(iter(dataset.take(num_queries).batch(num_queries)))
   parsed = features.parse_block_batch(serialized)
-  if _tokens_match(manifest, vocab_file, lower_case):
+  if tokens_match(manifest, vocab_file, lower_case):
     sep_id = tokenization.load_vocab(vocab_file).index("[SEP]")
     return features.pack_block_ids(parsed["token_ids"], seq_length, sep_id, segment_ids=False)
   tokenizer = tokenization.RealmTokenizer(vocab_file, lower_case=lower_case)

@@ -10,9 +10,9 @@ replicas instead, and each step retrieves with the query tower it is training:
   between training loops when the refresher publishes), ``tokens`` ``[S, W + 2]`` int32 (each
   block's ids ``[CLS] title [SEP] body [SEP]`` then 0, ``W`` the longest block, then its length
   and its uid group) and ``groups`` ``[S]`` int32 (the uid group: the first row with the
-  block's uid; -1 for padding). They are non-trainable ``SyncOnRead`` variables without aggregation: every
-  replica keeps its own shard, 1/R of the corpus (at 13.3M blocks, 288 ids, 64 cores:
-  106 MB of float32 embeddings and 240 MB of ids a core).
+  block's uid; -1 for padding and deleted blocks). They are non-trainable ``SyncOnRead``
+  variables without aggregation: every replica keeps its own shard, 1/R of the corpus (at
+  13.3M blocks, 288 ids, 64 cores: 106 MB of float32 embeddings and 240 MB of ids a core).
 * **A step** (replica context; this replica's queries ``q`` ``[b, d]``, embedded with the
   current query tower, and the uid group of each query's source block):
   1. all-gather the global batch's queries and source groups;
@@ -56,8 +56,7 @@ def uid_groups(store: block_store.BlockStore) -> np.ndarray:
   n = len(store)
   if n == 0:
     return np.zeros([0], np.int32)
-  digests = store._digest_view  # pylint: disable=protected-access
-  _, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
+  _, first, inverse = np.unique(store.uid_keys, return_index=True, return_inverse=True)
   return first[inverse.reshape(-1)].astype(np.int32)
 
 
@@ -133,7 +132,7 @@ class DeviceRetriever(tf.Module):
           f"query_seq_length {model_config.retriever.query_seq_length}")
     self.num_shards = self.strategy.num_replicas_in_sync
     self.shard_rows = max(1, math.ceil(n / self.num_shards))
-    lengths = np.diff(store._offsets) if n else np.zeros([0])  # pylint: disable=protected-access
+    lengths = store.token_lengths() if n else np.zeros([0])
     self.width = max(3, int(lengths.max()) if n else 0)
     self.dim = model_config.retriever.projection_size
     s, w = self.shard_rows, self.width
@@ -167,9 +166,10 @@ class DeviceRetriever(tf.Module):
     return out
 
   def _group_shard(self, shard: int) -> np.ndarray:
+    """The shard's uid groups; -1 (never retrieved) for padding and deleted blocks."""
     out = np.full([self.shard_rows], -1, np.int32)
     rows = self._rows(shard)
-    out[:len(rows)] = self.groups[rows]
+    out[:len(rows)] = np.where(self.store.is_live(rows), self.groups[rows], -1)
     return out
 
   def _assign_shards(self, variable: tf.Variable, make_shard) -> None:

@@ -43,3 +43,8 @@ class CheckpointVanishedError(RetrievalError):
 
 class IndexNotReadyError(realm_errors.RealmError, TimeoutError):
   """No index was published in ``index_dir`` within the waiting time."""
+
+
+class IndexUpdateError(RetrievalError):
+  """An update an index cannot take: another block tower than its own, a uid or title that
+  names no live block, a document with no text."""

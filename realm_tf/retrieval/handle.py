@@ -29,7 +29,7 @@ its scans read.
 import os
 import threading
 import time
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 from absl import logging
 import numpy as np
@@ -49,6 +49,7 @@ class _Loaded:
     self.index = index
     self.manifest = index.manifest
     self.step = int(index.manifest["model_step"])
+    self.key = publish.parse_name(path)  # (step, update): which publication is newer
 
 
 class IndexHandle:
@@ -56,15 +57,17 @@ class IndexHandle:
 
   Args:
     index_dir: where ``realm-refresh`` or ``realm-index build`` publishes indexes.
-    expected_fingerprint: the caller's corpus fingerprint; an index over another corpus is
-      refused (``FingerprintMismatchError``).
+    expected_fingerprint: the caller's corpus fingerprint, or the fingerprints of its
+      versions (``BlockStore.fingerprints``: an index over an older version fits too); an
+      index over another corpus is refused (``FingerprintMismatchError``).
     expected_dim: the caller's embedding width; a different index is refused.
     wait_seconds: how long ``wait_for_first`` waits for a first index.
     poll_seconds: how often ``LATEST`` is checked, in the background and while waiting.
     watch: poll for newer indexes after the first (False: a fixed, stale index).
   """
 
-  def __init__(self, index_dir: str, expected_fingerprint: Optional[str] = None,
+  def __init__(self, index_dir: str,
+               expected_fingerprint: Union[None, str, Sequence[str]] = None,
                expected_dim: Optional[int] = None, wait_seconds: float = 600.0,
                poll_seconds: float = 10.0, watch: bool = True):
     self.index_dir = index_dir
@@ -89,13 +92,13 @@ class IndexHandle:
                                                expected_fingerprint=self.expected_fingerprint,
                                                load_embeddings=True))
 
-  def _try_load_latest(self, newer_than: Optional[int]) -> Optional[_Loaded]:
-    """The index ``LATEST`` names if it is newer than ``newer_than``; None if none/transient."""
+  def _try_load_latest(self, newer_than: Optional[Tuple[int, int]]) -> Optional[_Loaded]:
+    """The index ``LATEST`` names if it is newer than the publication ``newer_than``
+    (``(step, update)``); None if none/transient."""
     path = publish.read_latest(self.index_dir)
     if path is None:
       return None
-    step = int(os.path.basename(path).split("-", 1)[1])
-    if newer_than is not None and step <= newer_than:
+    if newer_than is not None and publish.parse_name(path) <= newer_than:
       return None
     try:
       return self._load(path)
@@ -138,7 +141,7 @@ class IndexHandle:
   def _watch(self):
     while not self._stop.wait(self.poll_seconds):
       with self._lock:
-        known = self._pending.step if self._pending is not None else self._current.step
+        known = self._pending.key if self._pending is not None else self._current.key
       try:
         loaded = self._try_load_latest(known)
       except _FATAL as e:

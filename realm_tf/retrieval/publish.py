@@ -3,9 +3,11 @@
 ::
 
     index_dir/
-      LATEST                  "step-1200\n", replaced atomically (temp file + os.replace)
+      LATEST                  "step-1200-u2\n", replaced atomically (temp file + os.replace)
       step-1000/              a complete index, never modified after its rename
       step-1200/
+      step-1200-u1/           the index of step 1200 after one corpus update (realm-index
+      step-1200-u2/           upsert|delete): a new directory each time, copy-on-write
         manifest.json         written last: model_step, num_blocks, dim, corpus_fingerprint,
                               index_type, settings, build time, recall, query checkpoint
         embeddings.npy        float32 [num_blocks, dim], row = block_id
@@ -15,17 +17,21 @@
       .tmp-step-1400-<pid>/   a build in progress (removed on restart, never loaded)
       tensorboard/            the refresher's summaries
 
-A build is written under ``.tmp-step-<N>-<pid>``, renamed to ``step-<N>`` and only then is
-``LATEST`` moved, so a reader that follows ``LATEST`` never sees a half-written index. Old
-indexes are renamed to a temporary name before being deleted, for the same reason. Paths must
-be on a local (POSIX) filesystem, where ``rename`` is atomic.
+Publications are ordered by ``(N, update)``: a build from the checkpoint of step N is
+``step-<N>``, the k-th update on top of it ``step-<N>-u<k>``. Each is written under
+``.tmp-<name>-<pid>``, renamed to ``<name>`` and only then is ``LATEST`` moved, so a reader
+that follows ``LATEST`` never sees a half-written index. Old indexes are renamed to a
+temporary name before being deleted, for the same reason. Paths must be on a local (POSIX)
+filesystem, where ``rename`` is atomic.
 """
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -36,12 +42,24 @@ LATEST_NAME = "LATEST"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 QUERY_CHECKPOINT = os.path.join("query_embedder", "ckpt")
-_STEP_RE = re.compile(r"^step-(\d+)$")
+_STEP_RE = re.compile(r"^step-(\d+)(?:-u(\d+))?$")
 _TMP_PID_RE = re.compile(r"^\.tmp-.*-(\d+)$")
 # Test only: seconds to sleep half-way through writing each index (after the query tower,
 # before the index and its manifest), so that a test can kill a build in the middle. Read in
 # _testonly_build_delay(), nowhere else; production never sets it.
 TESTONLY_BUILD_DELAY_ENV = "REALM_TF_TESTONLY_BUILD_DELAY"
+
+
+def index_name(step: int, update: int = 0) -> str:
+  """``step-<step>``, or ``step-<step>-u<update>`` for an update on top of it."""
+  return f"{STEP_PREFIX}{int(step)}" + (f"-u{int(update)}" if update else "")
+
+
+def parse_name(name: str) -> Optional[Tuple[int, int]]:
+  """``(step, update)`` of a published directory's name (``step-N`` or ``step-N-uK``), or
+  None for another name."""
+  m = _STEP_RE.match(os.path.basename(name))
+  return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
 
 def read_latest(index_dir: str) -> Optional[str]:
@@ -57,22 +75,52 @@ def read_latest(index_dir: str) -> Optional[str]:
   return os.path.join(index_dir, name)
 
 
+def latest_key(index_dir: str) -> Optional[Tuple[int, int]]:
+  """``(step, update)`` of the index ``LATEST`` names, or None."""
+  path = read_latest(index_dir)
+  return None if path is None else parse_name(path)
+
+
 def latest_step(index_dir: str) -> Optional[int]:
   """The model step of the index ``LATEST`` names, or None."""
-  path = read_latest(index_dir)
-  return None if path is None else int(_STEP_RE.match(os.path.basename(path)).group(1))
+  key = latest_key(index_dir)
+  return None if key is None else key[0]
+
+
+def published(index_dir: str) -> List[Tuple[int, int]]:
+  """``(step, update)`` of the complete published directories, ascending."""
+  if not os.path.isdir(index_dir):
+    return []
+  keys = []
+  for name in os.listdir(index_dir):
+    key = parse_name(name)
+    if key and os.path.exists(os.path.join(index_dir, name, mips_index.MANIFEST_NAME)):
+      keys.append(key)
+  return sorted(keys)
 
 
 def published_steps(index_dir: str) -> List[int]:
-  """Steps of the complete ``step-<N>`` directories, ascending."""
-  if not os.path.isdir(index_dir):
-    return []
-  steps = []
-  for name in os.listdir(index_dir):
-    m = _STEP_RE.match(name)
-    if m and os.path.exists(os.path.join(index_dir, name, mips_index.MANIFEST_NAME)):
-      steps.append(int(m.group(1)))
-  return sorted(steps)
+  """Model steps of the complete published directories, ascending (each once)."""
+  return sorted({step for step, _ in published(index_dir)})
+
+
+def next_update(index_dir: str, step: int) -> int:
+  """The update number the next update on top of the index of ``step`` gets."""
+  return 1 + max([u for s, u in published(index_dir) if s == step] +
+                 [u for s, u in [latest_key(index_dir) or (None, 0)] if s == step])
+
+
+@contextlib.contextmanager
+def lock(index_dir: str):
+  """Holds a lock on the directory ``index_dir`` (``flock``): one update or refresh publishes
+  at a time; released when the process dies."""
+  os.makedirs(index_dir, exist_ok=True)
+  fd = os.open(index_dir, os.O_RDONLY)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,15 +189,16 @@ def _remove_dir(index_dir: str, name: str) -> None:
   shutil.rmtree(doomed, ignore_errors=True)
 
 
-def prune(index_dir: str, keep: int) -> List[int]:
-  """Deletes all but the newest ``keep`` indexes (never the one ``LATEST`` names)."""
+def prune(index_dir: str, keep: int) -> List[str]:
+  """Deletes all but the newest ``keep`` indexes (never the one ``LATEST`` names); returns
+  the names deleted."""
   if keep < 1:
     raise ValueError(f"keep must be at least 1, got {keep}")
-  current = latest_step(index_dir)
-  steps = published_steps(index_dir)
-  doomed = [s for s in steps[:-keep] if s != current] if len(steps) > keep else []
-  for step in doomed:
-    _remove_dir(index_dir, f"{STEP_PREFIX}{step}")
+  current = latest_key(index_dir)
+  keys = published(index_dir)
+  doomed = [index_name(*k) for k in keys[:-keep] if k != current] if len(keys) > keep else []
+  for name in doomed:
+    _remove_dir(index_dir, name)
   return doomed
 
 
@@ -160,13 +209,28 @@ def _testonly_build_delay() -> None:
     time.sleep(seconds)
 
 
+def _link_tree(src: str, dst: str) -> None:
+  """``dst`` as a copy of the directory ``src`` made of hard links (a copy where linking
+  fails): published files are never modified, so sharing them is safe."""
+  for root, _, files in os.walk(src):
+    target = os.path.join(dst, os.path.relpath(root, src))
+    os.makedirs(target, exist_ok=True)
+    for name in files:
+      try:
+        os.link(os.path.join(root, name), os.path.join(target, name))
+      except OSError:
+        shutil.copy2(os.path.join(root, name), os.path.join(target, name))
+
+
 def publish(index: mips_index.MipsIndex,
             index_dir: str,
             step: int,
             metadata: Optional[Dict] = None,
             query_embedder: Optional[tf.Module] = None,
-            keep: int = 3) -> str:
-  """Writes ``index`` as ``index_dir/step-<step>`` and points ``LATEST`` at it.
+            keep: int = 3,
+            update: int = 0,
+            query_embedder_from: Optional[str] = None) -> str:
+  """Writes ``index`` as ``index_dir/step-<step>[-u<update>]`` and points ``LATEST`` at it.
 
   Args:
     index: the built index.
@@ -175,21 +239,30 @@ def publish(index: mips_index.MipsIndex,
     metadata: more manifest entries (``corpus_fingerprint``, recall, timings, ...).
     query_embedder: the query tower to snapshot next to the index (optional).
     keep: how many indexes to keep.
+    update: 0 for a build; k for the k-th update on top of the build of ``step``.
+    query_embedder_from: a published directory whose query-tower snapshot the new one shares
+      (hard links; an update keeps its build's tower).
 
   Returns:
     The published directory.
   """
   os.makedirs(index_dir, exist_ok=True)
-  name = f"{STEP_PREFIX}{int(step)}"
+  name = index_name(step, update)
   tmp = os.path.join(index_dir, f"{TMP_PREFIX}{name}-{os.getpid()}")
   if os.path.exists(tmp):
     shutil.rmtree(tmp)
   os.makedirs(tmp)
   metadata = dict(metadata or {})
   metadata["model_step"] = int(step)
+  metadata["update"] = int(update)
   metadata["published_unix_time"] = time.time()
   if query_embedder is not None:
     tf.train.Checkpoint(query_embedder=query_embedder).write(os.path.join(tmp, QUERY_CHECKPOINT))
+    metadata["query_embedder_checkpoint"] = QUERY_CHECKPOINT
+  elif query_embedder_from and os.path.isdir(os.path.dirname(
+      os.path.join(query_embedder_from, QUERY_CHECKPOINT))):
+    _link_tree(os.path.dirname(os.path.join(query_embedder_from, QUERY_CHECKPOINT)),
+               os.path.dirname(os.path.join(tmp, QUERY_CHECKPOINT)))
     metadata["query_embedder_checkpoint"] = QUERY_CHECKPOINT
   _testonly_build_delay()
   index.save(tmp, metadata)
@@ -199,8 +272,8 @@ def publish(index: mips_index.MipsIndex,
     _remove_dir(index_dir, name)
   os.rename(tmp, final)
   _fsync_dir(index_dir)
-  current = latest_step(index_dir)
-  if current is None or int(step) >= current:
+  current = latest_key(index_dir)
+  if current is None or (int(step), int(update)) >= current:
     _write_latest(index_dir, name)
   prune(index_dir, keep)
   return final

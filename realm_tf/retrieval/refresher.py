@@ -8,6 +8,13 @@ against exact search on a sample of query-tower embeddings, and publishes it as
 ``TRAINING_DONE`` and the final checkpoint has an index. Killed at any moment and restarted,
 it removes leftover temporary directories and carries on from ``LATEST``.
 
+Each build reads the corpus's current version (``data.corpus_updates``: blocks appended by
+``realm-index upsert`` are embedded, deleted ones left out of the index) and records the block
+tower it embedded with (``block_tower``: checkpoint, step, fingerprint), which later updates
+must use. Before publishing it holds the index directory's lock and catches up with updates
+made while it built (:meth:`Refresher.catch_up`): the build's own tower embeds the blocks
+appended since, and the blocks deleted since are deleted.
+
 Example (in-process; ``realm-refresh`` is the same loop as a binary)::
 
     refresh_loop("runs/pretrain", "runs/pretrain/index", "data/blocks", keep=3,
@@ -31,7 +38,10 @@ import tensorflow as tf
 
 from realm_tf import checkpoint_convert
 from realm_tf import model_dir as model_dir_lib
+from realm_tf import configs
 from realm_tf import modeling
+from realm_tf.data import block_store
+from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
@@ -65,6 +75,18 @@ class BuildOptions:
   keep: int = 3
   tensorboard_dir: Optional[str] = None
   progress: bool = True
+
+  @classmethod
+  def from_config(cls, config: configs.IndexConfig, **runtime) -> "BuildOptions":
+    """The options of an ``IndexConfig``; ``runtime``: ``keep``, ``tensorboard_dir``,
+    ``progress``."""
+    return cls(index_type=config.index_type, scann=config.scann, batch_size=config.batch_size,
+               recall_queries=config.recall_queries, **runtime)
+
+  def index_config(self) -> configs.IndexConfig:
+    """The ``IndexConfig`` these options hold (recorded in each manifest)."""
+    return configs.IndexConfig(index_type=self.index_type, batch_size=self.batch_size,
+                               recall_queries=self.recall_queries, scann=self.scann)
 
 
 def has_block_tower(config, checkpoint_path: str) -> bool:
@@ -116,6 +138,14 @@ def load_embeddings_file(path: str, num_blocks: int, dim: int,
   return table if table.dtype == np.float32 else np.asarray(table, np.float32)
 
 
+def corpus_metadata(manifest: dict) -> dict:
+  """What an index's manifest records of its corpus version: ``corpus_fingerprint``, the
+  fingerprints of that version and the older ones (``corpus_fingerprints``), the version."""
+  return {"corpus_fingerprint": manifest["fingerprint"],
+          "corpus_fingerprints": corpus_updates.fingerprints(manifest),
+          "corpus_version": corpus_updates.version(manifest)}
+
+
 def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
   deadline = time.time() + wait_seconds
   while not tf.io.gfile.isdir(model_dir):
@@ -161,10 +191,11 @@ class Refresher:
     self.index_dir = index_dir
     self.options = options or BuildOptions()
     self.strategy = strategy or tf.distribute.get_strategy()
-    self.blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
+    self.blocks_manifest = manifests.load_blocks_manifest(blocks_dir)  # Re-read by each build.
     self.config = None
     self.query_embedder = None
     self.block_embedder = None
+    self.block_tower: Optional[dict] = None  # checkpoint, step, fingerprint of the restored one
     self._writer = None
     self._embed_query = None
 
@@ -209,6 +240,64 @@ class Refresher:
         raise errors.CheckpointVanishedError(
             f"checkpoint {checkpoint_path} disappeared while being read") from None
       raise e
+    self.block_tower = None if not block_tower else {
+        "checkpoint": os.path.abspath(checkpoint_path) if "://" not in checkpoint_path
+                      else checkpoint_path,
+        "step": model_dir_lib.checkpoint_step(checkpoint_path),
+        "fingerprint": corpus_embedding.tower_fingerprint(self.block_embedder)}
+
+  def restore_block_tower(self, checkpoint_path: str) -> dict:
+    """Builds the towers and restores both from ``checkpoint_path``; returns
+    ``block_tower`` (``{"checkpoint", "step", "fingerprint"}``)."""
+    self._build_towers()
+    self._restore(checkpoint_path)
+    return dict(self.block_tower)
+
+  def embed_rows(self, manifest: dict, rows_from: int = 0) -> np.ndarray:
+    """float32 ``[num_blocks - rows_from, d]``: the restored block tower's embeddings of rows
+    ``rows_from ..`` of the corpus version ``manifest``, in row order. An update's rows
+    (``rows_from > 0``) are packed from the block store when their ids are the model's
+    vocabulary's; the whole corpus streams through ``corpus_embedding.embed_corpus``."""
+    retriever = self.config.retriever
+    if rows_from and corpus_embedding.tokens_match(manifest, self.config.vocab_file,
+                                                   self.config.lower_case):
+      store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
+      return corpus_embedding.embed_store_rows(
+          self.block_embedder, store, np.arange(rows_from, int(manifest["num_blocks"])),
+          retriever.block_seq_length, self.options.batch_size)
+    ids, emb = corpus_embedding.embed_corpus(
+        self.block_embedder, self.blocks_dir, self.config.retriever.block_seq_length,
+        self.config.vocab_file, self.config.lower_case, batch_size=self.options.batch_size,
+        strategy=self.strategy, progress=self.options.progress, rows_from=rows_from,
+        manifest=manifest)
+    return corpus_embedding.assemble_rows(ids - rows_from, emb,
+                                          int(manifest["num_blocks"]) - rows_from,
+                                          where=self.blocks_dir)
+
+  def catch_up(self, index: mips_index.MipsIndex, manifest: Optional[dict] = None):
+    """``(index, manifest, changes)``: ``index`` brought up to the corpus version ``manifest``
+    (default: the current one). Rows it lacks are embedded with the restored block tower and
+    appended, rows deleted since are deleted, then ScaNN's rule may rebalance or rebuild it
+    (``scann_index``). ``changes``: ``{"appended", "deleted", "maintenance"}``."""
+    manifest = manifest or manifests.load_blocks_manifest(self.blocks_dir)
+    have, want = index.num_blocks, int(manifest["num_blocks"])
+    if want < have:
+      raise errors.FingerprintMismatchError(
+          f"the index has {have} rows but {self.blocks_dir} only {want}: another corpus")
+    changes = {"appended": want - have, "deleted": 0, "maintenance": None}
+    if want > have:
+      if self.block_tower is None:
+        raise errors.RetrievalError(
+            "blocks were added to the corpus but this index has no block tower to embed them "
+            "(built from precomputed embeddings): rebuild it")
+      index.append(self.embed_rows(manifest, rows_from=have))
+    dead = np.setdiff1d(corpus_updates.deleted_rows(manifest), index.deleted)
+    if dead.size:
+      index.delete(dead)
+      changes["deleted"] = int(dead.size)
+    if isinstance(index, mips_index.ScannIndex):
+      index, changes["maintenance"] = index.maintained()
+    return index, manifest, changes
 
   def _summary_writer(self):
     if self._writer is None:
@@ -259,7 +348,7 @@ class Refresher:
       return 1.0
     if queries is None:
       queries = self.sample_queries(num)
-    return mips_index.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_blocks))
+    return mips_index.measure_recall(index, embeddings, queries, min(RECALL_K, index.num_live))
 
   def build(self, checkpoint_path: str, embeddings: Optional[np.ndarray] = None,
             embeddings_file: Optional[str] = None) -> str:
@@ -278,6 +367,7 @@ class Refresher:
     start = time.time()
     step = model_dir_lib.checkpoint_step(checkpoint_path)
     opts = self.options
+    self.blocks_manifest = manifests.load_blocks_manifest(self.blocks_dir)
     num_blocks = int(self.blocks_manifest["num_blocks"])
     if embeddings_file:  # Checked before the towers are built: a wrong file fails fast.
       config = self.config or model_dir_lib.load_config(self.model_dir)
@@ -287,11 +377,7 @@ class Refresher:
     self._restore(checkpoint_path, block_tower=embeddings is None)
     restored = time.time()
     if embeddings is None:
-      ids, emb = corpus_embedding.embed_corpus(
-          self.block_embedder, self.blocks_dir, self.config.retriever.block_seq_length,
-          self.config.vocab_file, self.config.lower_case, batch_size=opts.batch_size,
-          strategy=self.strategy, progress=opts.progress)
-      table = corpus_embedding.assemble_rows(ids, emb, num_blocks, where=self.blocks_dir)
+      table = self.embed_rows(self.blocks_manifest)
     else:
       table = np.asarray(embeddings, np.float32)
       if table.shape[0] != num_blocks:
@@ -304,16 +390,18 @@ class Refresher:
           f"embeddings have dimension {table.shape[1]} but the model's projection_size is "
           f"{expected_dim}")
     embedded = time.time()
-    tune_queries, measure_queries = self._split_queries(num_blocks)
+    deleted = corpus_updates.deleted_rows(self.blocks_manifest)
+    tune_queries, measure_queries = self._split_queries(num_blocks - len(deleted))
     index = mips_index.build_index(table, opts.index_type, opts.scann,
-                                   tuning_queries=tune_queries)
+                                   tuning_queries=tune_queries, deleted=deleted)
     built = time.time()
     recall = self.measure_recall(index, table, measure_queries)
     metadata = {
-        "corpus_fingerprint": self.blocks_manifest["fingerprint"],
         "blocks_dir": os.path.abspath(self.blocks_dir),
         "model_dir": os.path.abspath(self.model_dir),
         "checkpoint": checkpoint_path,
+        "block_tower": self.block_tower,
+        "index_config": opts.index_config().as_dict(),
         "restore_seconds": round(restored - start, 3),
         "embed_seconds": round(embedded - restored, 3),
         "index_build_seconds": round(built - embedded, 3),
@@ -325,10 +413,12 @@ class Refresher:
     if embeddings_file:
       metadata["embeddings_file"] = (embeddings_file if "://" in embeddings_file
                                      else os.path.abspath(embeddings_file))
-
-    metadata["build_seconds"] = round(time.time() - start, 3)
-    path = publish.publish(index, self.index_dir, step, metadata,
-                           query_embedder=self.query_embedder, keep=opts.keep)
+    with publish.lock(self.index_dir):  # No update publishes between the catch-up and ours.
+      index, manifest, changes = self.catch_up(index)
+      metadata.update(corpus_metadata(manifest), caught_up=changes)
+      metadata["build_seconds"] = round(time.time() - start, 3)
+      path = publish.publish(index, self.index_dir, step, metadata,
+                             query_embedder=self.query_embedder, keep=opts.keep)
     total = time.time() - start
     recall_text = "n/a" if recall is None else f"{recall:.4f}"
     print(f"[realm-refresh] published {path}: step {step}, {num_blocks} blocks, dim "

@@ -18,6 +18,7 @@ from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf import tokenization
 from realm_tf.data import block_store
+from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
@@ -50,7 +51,8 @@ class TextSearcher:
     self.config = model_dir_lib.load_config(model_dir)
     blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
     self.handle = handle_lib.IndexHandle(index_dir,
-                                         expected_fingerprint=blocks_manifest["fingerprint"],
+                                         expected_fingerprint=corpus_updates.fingerprints(
+                                             blocks_manifest),
                                          expected_dim=self.config.retriever.projection_size,
                                          wait_seconds=wait_seconds, watch=False)
     self.handle.wait_for_first()
@@ -68,10 +70,11 @@ class TextSearcher:
 
   def search_text(self, queries: Sequence[str], k: int) -> List[List[Hit]]:
     """The top ``k`` blocks of each query (at most the corpus size), best first."""
-    k = min(k, self.handle.index.num_blocks)
+    k = min(k, self.handle.index.num_live)
     ids, scores = self.handle.search(self.embed_queries(queries), k)
     if self._store is None:
-      self._store = block_store.BlockStore.open(self.blocks_dir)
+      self._store = block_store.BlockStore.open(
+          self.blocks_dir, fingerprint=self.handle.manifest.get("corpus_fingerprint"))
     store = self._store
     return [[Hit(block_id, score, store.titles[block_id], store.texts[block_id])
              if 0 <= block_id < len(store) else Hit(block_id, score, "?", "")

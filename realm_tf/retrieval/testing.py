@@ -113,3 +113,18 @@ def make_corpus(blocks_dir: str, vocab_file: str, num_blocks: int, block_seq_len
   tokenizer = tokenization.RealmTokenizer(vocab_file)
   return manifests.write_blocks(blocks_dir, titles, bodies, tokenizer, block_seq_length,
                                 num_shards=num_shards)
+
+
+def make_openqa_model(model_dir: str, vocab_file: str, openqa_seq_length: int = 64,
+                      seed: int = 0, **config_kwargs) -> configs.RealmModelConfig:
+  """A random-init Open-QA model directory (shared towers, a reader with a span scorer),
+  ``ckpt-1``: what ``realm-answer`` and ``realm-serve`` load, for plumbing tests."""
+  config = tiny_model_config(vocab_file, **config_kwargs)
+  config.override({"reader": {"openqa_seq_length": openqa_seq_length, "span_hidden_size": 8}})
+  model_dir_lib.write_metadata(model_dir, config, vocab_file)
+  tf.keras.utils.set_random_seed(seed)
+  embedder, _ = modeling.build_embedders(config.retriever)
+  reader = modeling.build_reader(config.reader, with_span_scorer=True)
+  model_dir_lib.make_checkpoint(query_embedder=embedder, block_embedder=embedder,
+                                reader=reader).save(os.path.join(model_dir, "ckpt"))
+  return config

@@ -299,9 +299,10 @@ class RealmPretrainTask(base.RealmBaseTask):
         model.block_embedder, blocks_dir, model_config.retriever.block_seq_length,
         model_config.vocab_file, model_config.lower_case, progress=False)
     index = mips_index.BruteForceIndex(
-        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir),
+        deleted=builder.store.deleted)  # Blocks deleted by updates are never retrieved.
     queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
-    ranked, _ = index.search(queries, depth or builder.null_row)
+    ranked, _ = index.search(queries, min(depth or builder.null_row, index.num_live))
     return builder.select_candidates(ranked, examples["source_uid"]), ranked, index
 
   def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:

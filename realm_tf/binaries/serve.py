@@ -1,0 +1,90 @@
+r"""realm-serve: answer questions over HTTP with a fine-tuned Open-QA model and its index.
+
+    echo "$(openssl rand -hex 16)" > token.txt
+    realm-serve --model_dir=demo_out/openqa_orqa --index_dir=demo_out/openqa_orqa_index \
+        --port=8000 --token_file=token.txt
+    # http://127.0.0.1:8000/ : the page; /docs: the API
+    curl -s localhost:8000/answer -H 'Content-Type: application/json' \
+        -d '{"question": "Where was Nyny Ostgorbel born?", "top_k": 3}'
+    curl -s localhost:8000/documents -H "Authorization: Bearer $(cat token.txt)" \
+        -H 'Content-Type: application/json' \
+        -d '{"documents": [{"title": "Nyny Ostgorbel", "text": "Nyny Ostgorbel was born in ..."}]}'
+
+Newer indexes published in ``--index_dir`` (by ``realm-refresh`` or ``realm-index
+upsert|delete``) are picked up between requests. ``POST /documents`` and ``DELETE
+/documents/{uid}`` need the token of ``--token_file`` (or ``$REALM_SERVE_TOKEN``); without
+one they are disabled. Listens on 127.0.0.1 unless ``--host`` says otherwise.
+"""
+
+import os
+
+from absl import app
+from absl import flags
+
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.binaries import cli
+
+flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
+flags.DEFINE_string("index_dir", None, "The index it was fine-tuned against.")
+flags.DEFINE_string("checkpoint", None,
+                    "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
+flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
+flags.DEFINE_integer("port", 8000, "Port to listen on.", lower_bound=0)
+flags.DEFINE_string("token_file", None, "A file holding the token of the /documents "
+                    "endpoints (default: $REALM_SERVE_TOKEN; neither: updates disabled).")
+flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question (the most answers a "
+                     "request gets).", lower_bound=1)
+flags.DEFINE_integer("max_batch", 8, "Questions answered together.", lower_bound=1)
+flags.DEFINE_integer("max_in_flight", 16, "Requests admitted at once; more get 429.",
+                     lower_bound=1)
+flags.DEFINE_float("timeout_seconds", 30.0, "Longest a question waits; then 503.")
+flags.DEFINE_integer("max_question_chars", 1000, "Longer questions get 422.", lower_bound=1)
+flags.DEFINE_float("poll_seconds", 1.0, "How often to look for a newer index.")
+flags.DEFINE_integer("keep", 3, "Indexes kept in --index_dir by updates.", lower_bound=1)
+flags.mark_flags_as_required(["model_dir", "index_dir"])
+
+FLAGS = flags.FLAGS
+
+
+def _token():
+  if FLAGS.token_file:
+    with open(FLAGS.token_file) as f:
+      token = f.read().strip()
+    if not token:
+      raise configs.ConfigError(f"--token_file {FLAGS.token_file} is empty")
+    return token
+  return os.environ.get("REALM_SERVE_TOKEN") or None
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  import uvicorn  # pylint: disable=g-import-not-at-top
+  from realm_tf.serving import app as app_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.serving import service as service_lib  # pylint: disable=g-import-not-at-top
+  token = _token()
+  if not os.path.isdir(FLAGS.model_dir):
+    raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
+  service = service_lib.QAService(
+      FLAGS.model_dir, FLAGS.index_dir, checkpoint=FLAGS.checkpoint,
+      reader_beam_size=FLAGS.reader_beam_size, max_batch=FLAGS.max_batch,
+      max_in_flight=FLAGS.max_in_flight, timeout_seconds=FLAGS.timeout_seconds,
+      poll_seconds=FLAGS.poll_seconds, keep=FLAGS.keep)
+  app = app_lib.create_app(service, token=token, max_question_chars=FLAGS.max_question_chars)
+  health = service.health()
+  print(f"[realm-serve] model step {health['model_step']}, index {health['index']} "
+        f"({health['num_blocks']} blocks); updates {'on' if token else 'off (no token)'}; "
+        f"serving on http://{FLAGS.host}:{FLAGS.port}/", flush=True)
+  try:
+    uvicorn.run(app, host=FLAGS.host, port=FLAGS.port, log_level="warning")
+  finally:
+    service.close()
+
+
+def run():
+  cli.run_main(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,225 @@
+"""What every MIPS index shares: the interface, the artifacts' names and argument checks.
+
+An index searches ``num_blocks`` rows of dimension ``dim``; a row is a block id of the corpus.
+Rows are never renumbered: an index grows by appending rows (:meth:`MipsIndex.append`) and
+removes blocks by marking their rows deleted (:meth:`MipsIndex.delete`); a deleted row is never
+returned again. ``search(queries, k)`` returns ``(block_ids int64 [b, k], scores float32
+[b, k])`` sorted by decreasing score, ``1 <= k <= num_live``.
+
+Saved artifacts (``MipsIndex.save``): ``embeddings.npy`` (float32 ``[num_blocks, dim]``, every
+row, deleted ones included), ``deleted.npy`` (int64 rows, when any) and ``manifest.json``,
+written last.
+"""
+
+import abc
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from realm_tf.retrieval import errors
+
+MANIFEST_NAME = "manifest.json"
+EMBEDDINGS_NAME = "embeddings.npy"
+DELETED_NAME = "deleted.npy"
+FORMAT = "realm_tf.mips_index/1"
+_CHECK_ROWS = 1 << 16
+_COPY_ROWS = 1 << 16
+
+
+def check_queries(queries, dim: int) -> np.ndarray:
+  queries = np.asarray(queries, dtype=np.float32)
+  if queries.ndim != 2:
+    raise errors.DimensionMismatchError(
+        f"queries must be a [batch, {dim}] matrix, got shape {queries.shape}")
+  if queries.shape[1] != dim:
+    raise errors.DimensionMismatchError(
+        f"queries have dimension {queries.shape[1]} but the index has dimension {dim}")
+  return np.ascontiguousarray(queries)
+
+
+def check_k(k: int, n: int) -> int:
+  if not 1 <= k <= n:
+    raise ValueError(f"k must lie in [1, {n}] (the number of indexed blocks), got {k}")
+  return int(k)
+
+
+def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
+  embeddings = np.asarray(embeddings)
+  if embeddings.ndim != 2:
+    raise errors.DimensionMismatchError(
+        f"embeddings must be a [num_blocks, dim] matrix, got shape {embeddings.shape}")
+  if embeddings.shape[0] == 0:
+    raise errors.EmptyCorpusError("cannot build an index over an empty corpus (0 blocks)")
+  for start in range(0, embeddings.shape[0], _CHECK_ROWS):  # No n x dim temporary.
+    if not np.isfinite(embeddings[start:start + _CHECK_ROWS]).all():
+      raise errors.CorpusFormatError("embeddings contain NaN or infinite values")
+  # A C-contiguous float32 array (or memory map) is passed through without a copy.
+  return np.ascontiguousarray(embeddings, dtype=np.float32)
+
+
+def atomic_write_json(path: str, obj: dict) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def save_npy(path: str, array) -> None:
+  """Writes an array (or a ``RowTable``, streamed) through a temporary name: a memory map of
+  the old file stays valid, and a reader never sees a partial file."""
+  tmp = f"{path}.tmp-{os.getpid()}.npy"
+  if isinstance(array, RowTable):
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=array.shape)
+    for start in range(0, len(array), _COPY_ROWS):
+      out[start:start + _COPY_ROWS] = array[start:start + _COPY_ROWS]
+    out.flush()
+    del out
+  else:
+    np.save(tmp, array)
+  os.replace(tmp, path)
+
+
+class RowTable:
+  """Float rows ``0 .. n-1``: a ``base`` table (often a read-only memory map of a published
+  index) and rows appended after it, held without copying the base.
+
+  Indexed like the array it stands for: by a slice (step 1) or by an integer array of any
+  shape (``table[ids]`` is ``ids.shape + (dim,)``).
+  """
+
+  def __init__(self, base: np.ndarray, extra: np.ndarray):
+    self.base, self.extra = base, np.asarray(extra, np.float32)
+    self.shape = (len(base) + len(self.extra), base.shape[1])
+    self.dtype = np.dtype(np.float32)
+    self.ndim = 2
+
+  @classmethod
+  def extend(cls, table, rows: np.ndarray) -> "RowTable":
+    """``table`` (an array or a ``RowTable``) with ``rows`` appended."""
+    if isinstance(table, RowTable):
+      return cls(table.base, np.concatenate([table.extra, rows]))
+    return cls(table, rows)
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __getitem__(self, item):
+    n = len(self.base)
+    if isinstance(item, slice):
+      start, stop, step = item.indices(len(self))
+      if step != 1:
+        raise IndexError("a RowTable slices with step 1")
+      parts = [np.asarray(self.base[start:min(stop, n)], np.float32),
+               self.extra[max(start - n, 0):max(stop - n, 0)]]
+      return np.concatenate(parts) if len(parts[1]) else parts[0]
+    ids = np.asarray(item, np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+      raise IndexError(f"rows must lie in [0, {len(self)}), got [{ids.min()}, {ids.max()}]")
+    out = np.empty(ids.shape + (self.shape[1],), np.float32)
+    in_base = ids < n
+    out[in_base] = self.base[ids[in_base]]
+    out[~in_base] = self.extra[ids[~in_base] - n]
+    return out
+
+
+class MipsIndex(abc.ABC):
+  """Maximum inner product search over ``num_blocks`` rows of dimension ``dim``, of which the
+  rows in ``deleted`` (sorted int64) are never returned."""
+
+  index_type: str = ""
+
+  def __init__(self, num_blocks: int, dim: int, deleted: Optional[np.ndarray] = None):
+    self.num_blocks = int(num_blocks)
+    self.dim = int(dim)
+    self.deleted = np.unique(np.asarray([] if deleted is None else deleted, np.int64))
+    self.build_seconds: Optional[float] = None
+    self.manifest: Optional[dict] = None
+
+  @property
+  def num_live(self) -> int:
+    """Rows that a search can return."""
+    return self.num_blocks - len(self.deleted)
+
+  @abc.abstractmethod
+  def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` rows by inner product: ``(ids int64 [b, k], scores float32 [b, k])``."""
+
+  @abc.abstractmethod
+  def settings(self) -> Dict[str, Any]:
+    """The settings the index was built with (JSON-able)."""
+
+  @abc.abstractmethod
+  def _save_artifacts(self, directory: str) -> None:
+    """Writes everything but the manifest and ``deleted.npy`` into ``directory`` (exists)."""
+
+  @abc.abstractmethod
+  def _append(self, rows: np.ndarray, embeddings: np.ndarray) -> None:
+    """Adds ``embeddings`` as the new ``rows`` (``num_blocks ..``)."""
+
+  @abc.abstractmethod
+  def _delete(self, rows: np.ndarray) -> None:
+    """Stops returning the live ``rows``."""
+
+  def append(self, embeddings: np.ndarray) -> np.ndarray:
+    """Adds blocks as the next rows; returns their ids (``num_blocks ..`` before the call)."""
+    embeddings = check_embeddings(embeddings)
+    if embeddings.shape[1] != self.dim:
+      raise errors.DimensionMismatchError(
+          f"appended embeddings have dimension {embeddings.shape[1]} but the index has "
+          f"dimension {self.dim}")
+    rows = np.arange(self.num_blocks, self.num_blocks + len(embeddings), dtype=np.int64)
+    self._append(rows, embeddings)
+    self.num_blocks += len(rows)
+    return rows
+
+  def delete(self, rows) -> None:
+    """Marks live ``rows`` deleted: no search returns them again."""
+    rows = np.unique(np.asarray(rows, np.int64).reshape(-1))
+    if not rows.size:
+      return
+    if rows.min() < 0 or rows.max() >= self.num_blocks:
+      raise ValueError(f"rows must lie in [0, {self.num_blocks}), got [{rows.min()}, "
+                       f"{rows.max()}]")
+    dead = np.intersect1d(rows, self.deleted)
+    if dead.size:
+      raise ValueError(f"rows {dead[:5].tolist()} are deleted already")
+    if len(rows) >= self.num_live:
+      raise errors.EmptyCorpusError(f"deleting {len(rows)} rows would leave no block of "
+                                    f"{self.num_live} in the index")
+    self._delete(rows)
+    self.deleted = np.union1d(self.deleted, rows)
+
+  def save(self, directory: str, metadata: Optional[Dict[str, Any]] = None) -> dict:
+    """Writes the index into ``directory``; ``manifest.json`` last. Returns the manifest."""
+    os.makedirs(directory, exist_ok=True)
+    self._save_artifacts(directory)
+    if len(self.deleted):
+      save_npy(os.path.join(directory, DELETED_NAME), self.deleted)
+    manifest = dict(metadata or {})
+    manifest.update(format=FORMAT, index_type=self.index_type, num_blocks=self.num_blocks,
+                    num_deleted=int(len(self.deleted)), dim=self.dim, settings=self.settings())
+    if self.build_seconds is not None:
+      manifest.setdefault("index_build_seconds", round(self.build_seconds, 3))
+    atomic_write_json(os.path.join(directory, MANIFEST_NAME), manifest)
+    self.manifest = manifest
+    return manifest
+
+
+def load_deleted(directory: str, manifest: dict) -> np.ndarray:
+  """The deleted rows of a saved index (``deleted.npy``), checked against its manifest."""
+  expected = int(manifest.get("num_deleted", 0))
+  path = os.path.join(directory, DELETED_NAME)
+  if not expected:
+    return np.zeros([0], np.int64)
+  try:
+    deleted = np.load(path)
+  except (OSError, ValueError) as e:
+    raise errors.IndexFormatError(f"cannot read {path}: {e}") from None
+  if deleted.shape != (expected,):
+    raise errors.IndexFormatError(f"{path} holds {deleted.shape} rows, the manifest says "
+                                  f"{expected}")
+  return deleted.astype(np.int64)

@@ -1,0 +1,324 @@
+"""The answering service behind ``realm-serve``: one model, the newest index, live updates.
+
+Threads:
+
+* **the worker** runs the model: it takes up to ``max_batch`` waiting questions at a time,
+  retrieves and reads them as one batch and resolves each request's future. Between batches
+  it swaps in a newer index if one is ready, so a request never sees the index change half-way
+  and never waits for a load.
+* **the watcher** polls ``index_dir/LATEST``; when it names a newer publication (a refresh, or
+  an update made by another process) it opens it (the index and the corpus version it covers),
+  warms it up and hands it to the worker.
+* **updates** (``upsert``/``delete``) run on the caller's thread, one at a time (``Updater``);
+  the published index is loaded at once and the call returns once the worker has swapped it
+  in, so the next question sees it.
+
+Admission is bounded (``max_in_flight``): beyond it ``submit`` raises :class:`Overloaded`
+(HTTP 429); the app answers 503 to a question that waited longer than ``timeout_seconds``.
+
+Each answer comes with its alternatives: the best span of each block read, best first (the
+first is ``OpenQA.answer``'s answer: ORQA's best span over every span of every read block).
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+import queue
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import errors
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.data import features as features_lib
+from realm_tf.openqa import host
+from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.openqa import predict
+from realm_tf.retrieval import publish
+from realm_tf.retrieval import updates
+
+
+class Overloaded(errors.RealmError, RuntimeError):
+  """Too many requests in flight (HTTP 429)."""
+
+
+class Unavailable(errors.RealmError, RuntimeError):
+  """The service cannot answer now: not started, stopped, or the request waited too long
+  (HTTP 503)."""
+
+
+@dataclasses.dataclass
+class _Index:
+  """An index and the input builder over it (its corpus version's texts)."""
+  builder: inputs_lib.OpenQaInputBuilder
+  path: str
+  key: tuple
+  manifest: Dict
+
+
+@dataclasses.dataclass
+class _Request:
+  question: str
+  top_k: int
+  future: concurrent.futures.Future
+  enqueued: float
+
+
+class QAService:
+  """Answers questions with a fine-tuned Open-QA model over ``index_dir``'s newest index.
+
+  Args:
+    model_dir: a fine-tuned Open-QA model directory (span scorer).
+    index_dir: the index it was fine-tuned against; refreshes and updates published there are
+      picked up live.
+    checkpoint: the checkpoint (default: ``best_ckpt``'s, else the newest).
+    reader_beam_size: blocks read per question (and the most alternatives an answer has).
+    max_batch: questions run together by the worker.
+    max_in_flight: requests admitted at once (waiting or running); more are refused.
+    timeout_seconds: longest a request may wait for its answer.
+    poll_seconds: how often the watcher looks at ``LATEST``.
+    keep: indexes kept in ``index_dir`` by updates.
+  """
+
+  def __init__(self, model_dir: str, index_dir: str, checkpoint: Optional[str] = None,
+               reader_beam_size: int = 5, max_batch: int = 8, max_in_flight: int = 8,
+               timeout_seconds: float = 30.0, poll_seconds: float = 1.0, keep: int = 3):
+    qa = predict.OpenQA.load(model_dir, index_dir, checkpoint=checkpoint,
+                             reader_beam_size=reader_beam_size)
+    self.model_dir, self.index_dir = model_dir, index_dir
+    self.model = qa.model
+    self.config = model_dir_lib.load_config(model_dir)
+    self.checkpoint = qa.checkpoint
+    self.model_step = model_dir_lib.checkpoint_step(qa.checkpoint)
+    self.reader_beam_size = reader_beam_size
+    self.max_batch, self.max_in_flight = max_batch, max_in_flight
+    self.timeout_seconds, self.poll_seconds = timeout_seconds, poll_seconds
+    self.updater = updates.Updater(index_dir, keep=keep)
+    # Batches of 1 to max_batch questions: one trace with the batch dimension relaxed.
+    self._embed = tf.function(lambda x: self.model.query_embedder(x, training=False),
+                              reduce_retracing=True)
+    self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
+    handle = qa.builder.handle
+    self._current = _Index(qa.builder, handle.path, publish.parse_name(handle.path),
+                           handle.manifest)
+    self._pending: Optional[_Index] = None
+    self._swapped = threading.Condition()
+    self._queue: "queue.Queue[_Request]" = queue.Queue()
+    self._in_flight = 0
+    self._admission = threading.Lock()  # Guards _in_flight.
+    self._load_lock = threading.Lock()  # One index opened at a time (watcher, updates).
+    self._update_lock = threading.Lock()
+    self._stop = threading.Event()
+    self._warm_up(self._current)
+    self._threads = [threading.Thread(target=self._work, name="qa-worker", daemon=True),
+                     threading.Thread(target=self._watch, name="qa-watcher", daemon=True)]
+    for thread in self._threads:
+      thread.start()
+    self.started = time.time()
+
+  # ---- the index ----
+  def _open(self, path: str) -> _Index:
+    """The input builder over the index in ``path`` (what ``OpenQA.load`` builds)."""
+    builder = host.build_input_builder(self.config, self.index_dir,
+                                       retriever_beam_size=self.reader_beam_size,
+                                       reader_beam_size=self.reader_beam_size)
+    handle = builder.handle
+    return _Index(builder, handle.path, publish.parse_name(handle.path), handle.manifest)
+
+  def _warm_up(self, index: _Index) -> None:
+    """Runs batches of one and two questions through ``index`` (traces the builder's and
+    the model's functions, the second time for any batch size), so that no real question
+    waits for a trace."""
+    for size in (1, 2):
+      self._answer_batch(index, ["warm up"] * size, 1)
+
+  def _load_newer(self) -> Optional[_Index]:
+    """Opens the publication ``LATEST`` names if it is newer than the current and pending
+    ones, warms it up and makes it pending; returns it (None: nothing newer)."""
+    with self._load_lock:
+      path = publish.read_latest(self.index_dir)
+      known = max(self._current.key, self._pending.key if self._pending else (-1, -1))
+      if path is None or publish.parse_name(path) <= known:
+        return None
+      index = self._open(path)  # LATEST may have moved on since: this opens the newest.
+      self._warm_up(index)
+      with self._swapped:
+        if self._pending is None or self._pending.key < index.key:
+          self._pending = index
+      logging.info("realm-serve: index %s ready to swap in", index.path)
+      return index
+
+  def _watch(self) -> None:
+    while not self._stop.wait(self.poll_seconds):
+      try:
+        self._load_newer()
+      except Exception as e:  # pylint: disable=broad-except
+        logging.warning("realm-serve: could not load the newer index yet: %s", e)
+
+  def _swap(self) -> None:
+    with self._swapped:
+      if self._pending is not None:
+        self._current, self._pending = self._pending, None
+        logging.info("realm-serve: now answering with %s", self._current.path)
+        self._swapped.notify_all()
+
+  def wait_for(self, path: str, timeout: float) -> bool:
+    """Waits until the index in ``path`` (or a newer one) answers the questions."""
+    key = publish.parse_name(path)
+    deadline = time.time() + timeout
+    with self._swapped:
+      while self._current.key < key:
+        left = deadline - time.time()
+        if left <= 0:
+          return False
+        self._swapped.wait(left)
+    return True
+
+  # ---- answering ----
+  def submit(self, question: str, top_k: int) -> concurrent.futures.Future:
+    """Queues a question; its future gives :meth:`_answer_batch`'s answer. Raises
+    :class:`Overloaded` when ``max_in_flight`` requests are in flight."""
+    if self._stop.is_set():
+      raise Unavailable("the service is stopping")
+    with self._admission:
+      if self._in_flight >= self.max_in_flight:
+        raise Overloaded(f"{self.max_in_flight} requests in flight (the server's "
+                         "--max_in_flight): retry later")
+      self._in_flight += 1
+    future = concurrent.futures.Future()
+    future.add_done_callback(self._release)
+    self._queue.put(_Request(question, top_k, future, time.perf_counter()))
+    return future
+
+  def _release(self, unused_future) -> None:
+    with self._admission:
+      self._in_flight -= 1
+
+  def _work(self) -> None:
+    while not self._stop.is_set():
+      self._swap()
+      try:
+        first = self._queue.get(timeout=0.05)
+      except queue.Empty:
+        continue
+      batch = [first]
+      while len(batch) < self.max_batch:
+        try:
+          batch.append(self._queue.get_nowait())
+        except queue.Empty:
+          break
+      batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
+      if not batch:
+        continue
+      start = time.perf_counter()
+      try:
+        answers = self._answer_batch(self._current, [r.question for r in batch],
+                                     max(r.top_k for r in batch))
+      except Exception as e:  # pylint: disable=broad-except
+        logging.exception("realm-serve: a batch failed")
+        for r in batch:
+          r.future.set_exception(e)
+        continue
+      for r, a in zip(batch, answers):
+        a["answers"] = a["answers"][:r.top_k]
+        a["timings"]["queue_ms"] = round(1000 * (start - r.enqueued), 2)
+        a["timings"]["total_ms"] = round(1000 * (time.perf_counter() - r.enqueued), 2)
+        r.future.set_result(a)
+
+  def _answer_batch(self, index: _Index, questions: Sequence[str], top_k: int) -> List[Dict]:
+    """Retrieves and reads a batch; per question, its best ``top_k`` answers (the best span
+    of each read block, best first) with their evidence."""
+    builder = index.builder
+    start = time.perf_counter()
+    question_inputs = builder.question_inputs(list(questions))
+    embeddings = self._embed({f"input_{k[9:]}": tf.constant(v)
+                              for k, v in question_inputs.items()}).numpy()
+    features = builder.features([inputs_lib.Question(q, []) for q in questions], embeddings,
+                                question_inputs=question_inputs)
+    read = builder.read
+    blocks = [builder.block_texts(row[:read]) for row in features["beam_ids"]]
+    retrieved = time.perf_counter()
+    out = self._forward({k: tf.constant(features[k]) for k in host.MODEL_FEATURES})
+    logits = out["reader_logits"].numpy()                        # [b, read, spans]
+    starts, ends = out["span_starts"].numpy(), out["span_ends"].numpy()
+    retrieval = out["retriever_logits"].numpy()
+    # The block text starts after [CLS] question [SEP]: the type-0 positions of its row.
+    offsets = (features["reader_mask"] - features["reader_type_ids"]).sum(-1)  # [b, read]
+    timings = {"retrieval_ms": round(1000 * (retrieved - start), 2),
+               "reading_ms": round(1000 * (time.perf_counter() - retrieved), 2)}
+    results = []
+    for i, question in enumerate(questions):
+      candidates = []
+      for rank in range(read):
+        span = int(np.argmax(logits[i, rank]))
+        s = int(starts[i, rank, span] - offsets[i, rank])
+        e = int(ends[i, rank, span] - offsets[i, rank])
+        block = blocks[i][rank]
+        text = predict.span_text(block, s, e)
+        if text:
+          candidates.append((float(logits[i, rank, span]), rank, s, e, text))
+      candidates.sort(key=lambda c: (-c[0], c[1]))  # Ties: the better retrieved block.
+      answers = []
+      for score, rank, s, e, text in candidates[:top_k]:
+        block_id = int(features["beam_ids"][i, rank])
+        block = blocks[i][rank]
+        title = builder.titles[block_id]
+        char_start = int(block.char_starts[s])
+        uid = features_lib.block_uid(title, block.text)
+        answers.append({
+            "answer": text, "score": score, "start": char_start, "end": char_start + len(text),
+            "evidence": {"block_id": block_id, "uid": uid, "title": title, "text": block.text,
+                         "rank": rank, "retrieval_score": float(retrieval[i, rank])}})
+      results.append({
+          "question": question, "answers": answers, "model_step": self.model_step,
+          "index": os.path.basename(index.path), "index_step": int(index.key[0]),
+          "index_update": int(index.key[1]),
+          "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
+          "timings": dict(timings)})
+    return results
+
+  # ---- updates ----
+  def _update(self, run) -> Dict:
+    if not self._update_lock.acquire(blocking=False):
+      raise Overloaded("another update is in progress: retry when it is done")
+    try:
+      result = run()
+      self._load_newer()
+      if not self.wait_for(result.index, self.timeout_seconds):
+        raise Unavailable(f"the update was published ({result.index}) but is not answering "
+                          "yet")
+      return result.to_json()
+    finally:
+      self._update_lock.release()
+
+  def upsert(self, documents: Sequence[updates.Document]) -> Dict:
+    """Adds or replaces documents (``Updater.upsert``); returns once they are answerable."""
+    return self._update(lambda: self.updater.upsert(documents))
+
+  def delete(self, uids: Sequence[str] = (), titles: Sequence[str] = ()) -> Dict:
+    """Deletes blocks by uid or title (``Updater.delete``); returns once they are gone."""
+    return self._update(lambda: self.updater.delete(uids=uids, titles=titles))
+
+  # ---- state ----
+  def health(self) -> Dict:
+    index = self._current
+    handle = index.builder.handle
+    return {"status": "ok", "model_step": self.model_step,
+            "checkpoint": self.checkpoint, "index": os.path.basename(index.path),
+            "index_step": int(index.key[0]), "index_update": int(index.key[1]),
+            "num_blocks": int(handle.index.num_live),
+            "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
+            "in_flight": self._in_flight, "max_in_flight": self.max_in_flight,
+            "max_top_k": self.reader_beam_size,
+            "uptime_seconds": round(time.time() - self.started, 1)}
+
+  def close(self) -> None:
+    self._stop.set()
+    for thread in self._threads:
+      thread.join(timeout=5)
+    while not self._queue.empty():
+      self._queue.get_nowait().future.set_exception(Unavailable("the service stopped"))

@@ -1,0 +1,239 @@
+"""realm-index upsert / delete: the corpus and its index after a random sequence of updates
+against exact search over the resulting corpus, embedded from scratch; the refresher's next
+full build; the checkpoint check; a SIGKILL in the middle of an update."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import modeling
+from realm_tf.data import block_store
+from realm_tf.data import corpus_updates
+from realm_tf.data import features
+from realm_tf.data import manifests
+from realm_tf.retrieval import corpus_embedding
+from realm_tf.retrieval import errors
+from realm_tf.retrieval import mips_index
+from realm_tf.retrieval import publish
+from realm_tf.retrieval import refresher
+from realm_tf.retrieval import testing
+from realm_tf.retrieval import updates
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIM = 16
+ENV = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+
+
+def _setup(root, num_blocks=300, brute_force_below=2000):
+  vocab = testing.write_vocab(str(root / "vocab.txt"))
+  blocks_dir, model_dir, index_dir = (str(root / n) for n in ("blocks", "model", "index"))
+  testing.make_corpus(blocks_dir, vocab, num_blocks)
+  trainer = testing.TinyTrainer(model_dir, vocab, projection_size=DIM)
+  trainer.perturb(0.3)
+  trainer.save(10)
+  options = refresher.BuildOptions(index_type="scann", recall_queries=50, progress=False,
+                                   tensorboard_dir="",
+                                   scann=mips_index.ScannSettings(
+                                       brute_force_below=brute_force_below, tuning_queries=100))
+  refresher.build_index_for_checkpoint(None, model_dir, blocks_dir, index_dir, options)
+  return dict(vocab=vocab, blocks=blocks_dir, model=model_dir, index=index_dir,
+              trainer=trainer, options=options)
+
+
+def _corpus_table(model_dir, blocks_dir):
+  """Every row of the corpus's current version embedded from scratch with the model's newest
+  checkpoint (the reference)."""
+  config = model_dir_lib.load_config(model_dir)
+  _, tower = modeling.build_embedders(config.retriever)
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(model_dir), block_embedder=tower)
+  manifest = manifests.load_blocks_manifest(blocks_dir)
+  ids, emb = corpus_embedding.embed_corpus(tower, blocks_dir, config.retriever.block_seq_length,
+                                           config.vocab_file, progress=False)
+  return corpus_embedding.assemble_rows(ids, emb, int(manifest["num_blocks"]))
+
+
+def _live_rows(store, expected):
+  """Rows whose (title, text) is a document the test expects to be indexed."""
+  rows = [r for r in range(len(store)) if (store.titles[r], store.text(r)) in expected]
+  assert len(rows) == len(expected), "each expected block is one row"
+  return np.array(rows)
+
+
+def _check_against_exact(setup, expected, queries, k=10):
+  """The published index against NumPy over the live rows of a from-scratch embedding."""
+  store = block_store.BlockStore.open(setup["blocks"])
+  live = _live_rows(store, expected)
+  np.testing.assert_array_equal(np.setdiff1d(np.arange(len(store)), live), store.deleted)
+  table = _corpus_table(setup["model"], setup["blocks"])
+  index = mips_index.load_index(publish.read_latest(setup["index"]),
+                                expected_fingerprint=store.fingerprints, load_embeddings=True)
+  np.testing.assert_allclose(np.asarray(index.embeddings[np.arange(len(table))]), table,
+                             rtol=1e-5, atol=1e-5)  # The appended rows: as a full embedding.
+  scores = queries @ table[live].T
+  want = live[np.argsort(-scores, axis=1, kind="stable")[:, :k]]
+  ids, _ = index.search(queries, k)
+  return index, store, ids, want
+
+
+def test_random_updates_equal_exact_search(tmp_path):
+  setup = _setup(tmp_path)
+  base = manifests.read_blocks(setup["blocks"])
+  expected = {(b["title"], b["body"]) for b in base}
+  updater = updates.Updater(setup["index"], setup["model"])
+  rng = np.random.default_rng(0)
+  queries = rng.standard_normal((30, DIM)).astype(np.float32)
+  words = testing.WORDS
+  for step in range(6):
+    op = ["new", "replace", "delete_uid", "delete_title"][step % 4]
+    if op in ("new", "replace"):
+      docs = []
+      titles = sorted({t for t, _ in expected})
+      for j in range(4):
+        title = (f"update {step} {j}" if op == "new" else titles[rng.integers(len(titles))])
+        text = " ".join(rng.choice(words, 12)) + f" number {step} {j}."
+        docs.append(updates.Document(title, text))
+        expected = {(t, b) for t, b in expected if t != title} | {(title, text)}
+      result = updater.upsert(docs)
+      assert len(result.added) == 4 and not result.skipped
+    else:
+      live = sorted(expected)
+      pick = [live[i] for i in rng.choice(len(live), 3, replace=False)]
+      if op == "delete_uid":
+        result = updater.delete(uids=[features.block_uid(t, b) for t, b in pick])
+      else:
+        result = updater.delete(titles=[t for t, _ in pick])
+        pick = [(t, b) for t, b in expected if t in {p[0] for p in pick}]
+      expected -= set(pick)
+      assert sorted((d["title"], d["uid"]) for d in result.deleted) == sorted(
+          (t, features.block_uid(t, b)) for t, b in pick)
+    assert os.path.basename(result.index) == f"step-10-u{step + 1}"
+    index, store, ids, want = _check_against_exact(setup, expected, queries)
+    np.testing.assert_array_equal(ids, want)
+    assert not np.isin(ids, store.deleted).any()
+  # An unchanged document is skipped; an unknown uid is an error naming it.
+  title, text = sorted(expected)[0]
+  assert updater.upsert([updates.Document(title, text)]).skipped == [title]
+  with pytest.raises(errors.IndexUpdateError, match="no live block .* uid 00ab"):
+    updater.delete(uids=["00ab"])
+  # The refresher's next full build includes the updates: the same results.
+  setup["trainer"].save(20)  # The same weights at a later step.
+  refresher.build_index_for_checkpoint(None, setup["model"], setup["blocks"], setup["index"],
+                                       setup["options"])
+  rebuilt = mips_index.load_index(publish.read_latest(setup["index"]))
+  assert rebuilt.manifest["model_step"] == 20 and rebuilt.num_live == len(expected)
+  np.testing.assert_array_equal(rebuilt.search(queries, 10)[0], want)
+  # Now the index's tower is step 20's: an update with step 10's is refused.
+  with pytest.raises(errors.IndexUpdateError, match="never mixes two towers"):
+    updates.Updater(setup["index"], setup["model"],
+                    checkpoint=os.path.join(setup["model"], "ckpt-10")).delete(titles=[title])
+
+
+def test_scann_ah_index_keeps_its_tuned_recall(tmp_path):
+  """ScaNN hashing over 1,200 blocks (exact scoring only below 500 here): after updates, the
+  recall@10 against exact search over the live rows stays at the index's tuned target."""
+  setup = _setup(tmp_path, num_blocks=1200, brute_force_below=500)
+  start = mips_index.load_index(publish.read_latest(setup["index"]))
+  assert start.settings()["mode"] == "ah"
+  target = start.settings()["tuning"]["target_recall"]
+  expected = {(b["title"], b["body"]) for b in manifests.read_blocks(setup["blocks"])}
+  updater = updates.Updater(setup["index"])
+  rng = np.random.default_rng(1)
+  docs = [updates.Document(f"new {i}", " ".join(rng.choice(testing.WORDS, 15)) + f" {i}.")
+          for i in range(12)]
+  updater.upsert(docs)
+  expected |= {(d.title, d.text) for d in docs}
+  gone = sorted(expected)[:12]
+  updater.delete(uids=[features.block_uid(t, b) for t, b in gone])
+  expected -= set(gone)
+  queries = _corpus_table(setup["model"], setup["blocks"])[rng.choice(1200, 200)] + 0.05
+  index, store, ids, want = _check_against_exact(setup, expected, queries)
+  recall = np.mean([len(set(a) & set(w)) / 10 for a, w in zip(ids.tolist(), want.tolist())])
+  print(f"ScaNN ah after updates: recall@10 {recall:.4f} (target {target})")
+  assert recall >= target - 0.01
+  assert not np.isin(ids, store.deleted).any()
+
+
+def _realm_index(*args, env=None):
+  return subprocess.Popen([sys.executable, "-m", "realm_tf.binaries.index", *args,
+                           "--noprogress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env or ENV, cwd=REPO)
+
+
+def _tree_digest(path):
+  h = hashlib.sha1()
+  for root, _, files in sorted(os.walk(path)):
+    for name in sorted(files):
+      with open(os.path.join(root, name), "rb") as f:
+        h.update(name.encode() + f.read())
+  return h.hexdigest()
+
+
+def test_sigkill_mid_update_then_the_next_update(tmp_path):
+  """realm-index upsert killed while it publishes: the previous index stays published,
+  byte for byte, and loadable; the next update succeeds and includes the killed one's block."""
+  setup = _setup(tmp_path, num_blocks=100)
+  before = publish.read_latest(setup["index"])
+  digest = _tree_digest(before)
+  queries = np.random.default_rng(2).standard_normal((5, DIM)).astype(np.float32)
+  old_ids, _ = mips_index.load_index(before).search(queries, 5)
+  docs = tmp_path / "docs.jsonl"
+  docs.write_text(json.dumps({"title": "Killed", "text": "the king was born in paris."}) + "\n")
+  env = dict(ENV, **{publish.TESTONLY_BUILD_DELAY_ENV: "30"})
+  proc = _realm_index("upsert", f"--index_dir={setup['index']}", f"--model_dir={setup['model']}",
+                      f"--input={docs}", env=env)
+  deadline = time.time() + 120
+  while not any(n.startswith(".tmp-step-10-u1") for n in os.listdir(setup["index"])):
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()
+    time.sleep(0.1)
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert publish.read_latest(setup["index"]) == before and _tree_digest(before) == digest
+  store = block_store.BlockStore.open(setup["blocks"])
+  assert len(store) == 101  # The corpus went a version ahead ...
+  loaded = mips_index.load_index(before, expected_fingerprint=store.fingerprints)
+  np.testing.assert_array_equal(loaded.search(queries, 5)[0], old_ids)  # ... the index did not.
+
+  result = updates.Updater(setup["index"], setup["model"]).upsert(
+      [updates.Document("Next", "a band from london.")])
+  assert result.index.endswith("step-10-u1") and [a["row"] for a in result.added] == [101]
+  index = mips_index.load_index(result.index)
+  assert index.num_blocks == 102 and index.num_live == 102  # The killed update's block too.
+  assert not [n for n in os.listdir(setup["index"]) if n.startswith(".tmp-")]  # Cleaned.
+
+
+@pytest.mark.slow
+def test_cli_upsert_delete_and_one_line_errors(tmp_path):
+  """The command lines: upsert from JSON lines, delete by title, and the refusals on one
+  line (another checkpoint than the index's, an unknown uid)."""
+  setup = _setup(tmp_path, num_blocks=100)
+  docs = tmp_path / "docs.jsonl"
+  docs.write_text(json.dumps({"title": "Next", "text": "a band from london."}) + "\n")
+  proc = _realm_index("upsert", f"--index_dir={setup['index']}",
+                      f"--model_dir={setup['model']}", f"--input={docs}")
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  result = json.loads(out.strip().splitlines()[-1])
+  assert result["index"].endswith("step-10-u1") and [a["row"] for a in result["added"]] == [100]
+  proc = _realm_index("delete", f"--index_dir={setup['index']}", "--title=Next")
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  assert [d["row"] for d in json.loads(out.strip().splitlines()[-1])["deleted"]] == [100]
+  assert corpus_updates.version(manifests.load_blocks_manifest(setup["blocks"])) == 2
+  setup["trainer"].perturb()
+  setup["trainer"].save(30)
+  runs = {"other": _realm_index("upsert", f"--index_dir={setup['index']}",
+                                f"--model_dir={setup['model']}", f"--input={docs}"),
+          "unknown": _realm_index("delete", f"--index_dir={setup['index']}", "--uid=abc")}
+  for name, proc in runs.items():
+    _, err = proc.communicate(timeout=300)
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert ("never mixes two towers" if name == "other" else "uid abc") in lines[0], lines
