@@ -1,9 +1,18 @@
-"""pytest options: slow tests run only with --runslow."""
+"""pytest options (slow tests run only with --runslow) and the session fixtures."""
 import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # before TensorFlow is imported
 
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from data_prep import pipeline
+from data_prep import synthetic_world
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import train_lib
+from realm_tf.tokenization import load_vocab
+
+import helpers
 
 
 def pytest_addoption(parser):
@@ -35,3 +44,51 @@ def _split_cpu():
 
 
 _split_cpu()
+
+
+# ------------------------------------------------------------------------ session fixtures --
+# The synthetic world and the warm starts several modules share, built once per session (each
+# test writes its own runs under its own names or its own tmp_path).
+
+@pytest.fixture(scope="session")
+def realm_world(tmp_path_factory):
+  """A small synthetic world (2 regions, 6 cities, 14 people, 4 organizations, 6 works; a
+  vocabulary of 500) through every corpus pipeline: 64-wordpiece blocks, 32-wordpiece queries,
+  30% of the blocks' sentences held out. Keys: ``root``, ``world``, ``files`` (write_world's),
+  ``vocab`` and the directories ``blocks``, ``sentences``, ``pretrain``, ``ict``."""
+  root = tmp_path_factory.mktemp("realm_world")
+  world = synthetic_world.generate_world(seed=1, num_regions=2, num_cities=6, num_people=14,
+                                         num_organizations=4, num_works=6)
+  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=500)
+  out = pipeline.prepare_all(files["articles"], files["vocab"], str(root / "data"),
+                             patterns_file=files["patterns"], block_seq_length=64,
+                             query_seq_length=32, eval_fraction=0.3)
+  return dict(root=root, world=world, files=files, vocab=files["vocab"], **out["dirs"])
+
+
+@pytest.fixture(scope="session")
+def ict_dir(realm_world):
+  """A few ICT steps on ``realm_world``: the retriever the REALM runs start from."""
+  path, metrics = helpers.train_ict(realm_world, "ict", 4, "task.model.projection_size=16")
+  assert set(metrics) >= {"training_loss", "recall@1", "recall@5"}
+  assert model_dir_lib.training_done(path)
+  return path
+
+
+@pytest.fixture(scope="session")
+def reader_dir(realm_world):
+  """A few steps of the reader's reading warm start on ``realm_world`` (it reads itself)."""
+  p = realm_world
+  size = len(load_vocab(p["vocab"]))
+  params = configs.load_experiment("reader_read_cpu", params_override=",".join([
+      f"task.model.vocab_file={p['vocab']}", f"task.model.reader.encoder.vocab_size={size}",
+      f"task.model.retriever.encoder.vocab_size={size}", "task.model.reader.seq_length=96",
+      "task.model.reader.encoder.hidden_size=32", "task.model.reader.encoder.intermediate_size=64",
+      f"task.train_data.input_path=[{os.path.join(p['pretrain'], 'train-*')}]",
+      f"task.train_data.blocks_dir=[{p['blocks']}]", "task.train_data.global_batch_size=8",
+      "trainer.train_steps=3", "trainer.steps_per_loop=1", "trainer.summary_interval=1"]))
+  path = str(p["root"] / "reader_read")
+  metrics = train_lib.run_experiment(params, path)
+  assert set(metrics) >= {"training_loss", "mlm_accuracy", "reading_gain"}
+  assert metrics["training_loss"] > 0
+  return path

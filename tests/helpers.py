@@ -9,7 +9,8 @@ each other. It holds:
 - the command lines run in this process (``run_cli``, as ``python -m`` would: flags of their
   own, ``SystemExit`` caught) or, for one smoke test per binary, as a process of their own
   (``run_process``);
-- the TensorBoard scalars of a log directory (``scalars``).
+- a few ICT steps on a prepared world (``train_ict``) and the TensorBoard scalars of a log
+  directory (``scalars``).
 
 Tiny towers, model directories and corpora are ``realm_tf.retrieval.testing``'s (the benchmarks
 use them too); the synthetic worlds and warm starts several modules share are session fixtures
@@ -32,6 +33,10 @@ from absl.testing import flagsaver
 import numpy as np
 import tensorflow as tf
 from safetensors import numpy as safetensors_numpy
+
+from realm_tf import configs
+from realm_tf import train_lib
+from realm_tf.tokenization import load_vocab
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESERVED = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -303,6 +308,22 @@ def error_line(proc):
   lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1, proc.stderr[-2000:]
   return lines[0]
+
+
+# -------------------------------------------------------------------------- training --
+
+def train_ict(world, name, steps, *overrides):
+  """``steps`` of ICT (``ict_cpu``, 32-wide towers, batches of 8) on the ICT pairs of a world
+  prepared by ``conftest.realm_world``, into ``world["root"]/name`` -> (model dir, last logs)."""
+  size = len(load_vocab(world["vocab"]))
+  params = configs.load_experiment("ict_cpu", params_override=",".join([
+      f"task.vocab_file={world['vocab']}", f"task.model.encoder.vocab_size={size}",
+      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
+      f"task.train_data.input_path={os.path.join(world['ict'], 'train-*')}",
+      "task.train_data.global_batch_size=8", f"trainer.train_steps={steps}",
+      "trainer.steps_per_loop=1", "trainer.summary_interval=1", *overrides]))
+  path = str(world["root"] / name)
+  return path, train_lib.run_experiment(params, path)
 
 
 # -------------------------------------------------------------------------- summaries --
