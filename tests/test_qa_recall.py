@@ -12,12 +12,7 @@ import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from data_prep import blocks as blocks_pipeline
-from data_prep import pretrain_examples
-from data_prep import salient_spans
-from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -26,22 +21,17 @@ from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
+import helpers
+
 LQ, LB, TOP = 32, 64, 5
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-  """A tiny world: its blocks, held-out masked sentences and QA questions."""
-  root = tmp_path_factory.mktemp("qa_recall")
-  generated = synthetic_world.generate_world(seed=1, num_regions=2, num_cities=6,
-                                             num_people=14, num_organizations=4, num_works=6)
-  files = synthetic_world.write_world(generated, str(root / "world"), vocab_size=500)
-  dirs = {k: str(root / k) for k in ("blocks", "sentences", "pretrain")}
-  blocks_pipeline.run_blocks(files["articles"], files["vocab"], dirs["blocks"], True, LB, True)
-  salient_spans.run_annotate(dirs["blocks"], dirs["sentences"], "auto", files["patterns"])
-  pretrain_examples.run_pretrain_examples(dirs["sentences"], files["vocab"], dirs["pretrain"],
-                                          "salient", True, LQ, 10, 1, 0.3, 0)
-  return dict(root=root, vocab=files["vocab"], qa_test=files["qa_test"], **dirs)
+def world(realm_world, tmp_path_factory):
+  """conftest's small world (its blocks at LB, its held-out masked sentences at LQ, its QA
+  questions); this module's files go to a directory of its own."""
+  return dict(realm_world, root=tmp_path_factory.mktemp("qa_recall"),
+              qa_test=realm_world["files"]["qa_test"])
 
 
 def _records(path):
@@ -118,15 +108,6 @@ def _numpy_top(model, w, questions):
   return np.argsort(-scores, axis=1)[:, :TOP], [b["body"] for b in blocks]
 
 
-def _scalars(logdir):
-  out = {}
-  for path in tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        out[value.tag] = float(tf.make_ndarray(value.tensor))
-  return out
-
-
 def test_qa_recall_in_eval_logs_matches_numpy(world):
   """``--mode=eval``: ``qa_recall@5`` and ``qa_questions`` in the returned logs and in the
   validation summaries, equal to the brute-force fraction."""
@@ -156,7 +137,8 @@ def test_qa_recall_in_eval_logs_matches_numpy(world):
   assert logs["qa_recall@5"] == want
   assert logs["qa_questions"] == len(records)
   assert {"recall@5", "retrieval_utility", "examples", "validation_loss"} <= set(logs)
-  summaries = _scalars(os.path.join(model_dir, "validation"))
+  summaries = {tag: values[max(values)] for tag, values in
+               helpers.scalars(os.path.join(model_dir, "validation")).items()}
   assert summaries["qa_recall@5"] == pytest.approx(want)
   assert summaries["qa_questions"] == len(records)
 
