@@ -3,10 +3,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # before TensorFlow is imported
 
+from absl import flags
+from absl.testing import flagsaver
 import pytest
 
 from data_prep import pipeline
 from data_prep import synthetic_world
+from experiments import demo
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -92,3 +95,16 @@ def reader_dir(realm_world):
   assert set(metrics) >= {"training_loss", "mlm_accuracy", "reading_gain"}
   assert metrics["training_loss"] > 0
   return path
+
+
+@pytest.fixture(scope="session")
+def demo_world(tmp_path_factory):
+  """``realm-demo``'s data as test_demo's run makes it (``demo.prepare_data`` at world scale
+  0.3, one reading world). Keys: ``out`` and prepare_data's ``world``, ``files``, ``prepared``
+  (the demo world's manifests and ``dirs``) and ``reading`` (the reading worlds' dirs)."""
+  out = str(tmp_path_factory.mktemp("demo"))
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()   # the demo's flags at their defaults, but these two
+  with flagsaver.flagsaver(world_scale=0.3, reading_worlds=1):
+    world, files, prepared, reading = demo.prepare_data(out)
+  return dict(out=out, world=world, files=files, prepared=prepared, reading=reading)
