@@ -1,16 +1,17 @@
 """The data_prep command lines: a missing input, a bad flag or a malformed input is one line
-``error: ...`` on stderr and exit status 2, without a traceback."""
+``error: ...`` on stderr and exit status 2, without a traceback.
+
+Each command line runs once as a process of its own (its smoke test: a missing input, or for
+synthetic_world a bad flag); the malformed dump runs in this process."""
 
 import bz2
 import os
-import subprocess
-import sys
 
 import pytest
 
 from realm_tf.retrieval import testing
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +20,7 @@ def vocab(tmp_path_factory):
 
 
 def _run(module, *args):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", f"data_prep.{module}", *args],
-                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+  return helpers.run_process(f"data_prep.{module}", *args)
 
 
 def _check_one_line_error(proc, *needles):
@@ -66,7 +65,7 @@ def test_malformed_input_is_one_line(tmp_path, vocab):
   """A malformed dump fails inside a Beam step: still one line, without Beam's traceback."""
   dump = tmp_path / "broken.xml.bz2"
   dump.write_bytes(bz2.compress(b"<mediawiki><page><title>A</title><ns>0</ns></page><page>"))
-  proc = _run("blocks", f"--input={dump}", f"--vocab_file={vocab}",
-              f"--output_dir={tmp_path / 'out'}")
+  proc = helpers.run_cli("data_prep.blocks", f"--input={dump}", f"--vocab_file={vocab}",
+                         f"--output_dir={tmp_path / 'out'}")
   _check_one_line_error(proc, "malformed MediaWiki XML", str(dump))
   assert not os.path.exists(tmp_path / "out")
