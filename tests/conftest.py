@@ -7,12 +7,14 @@ from absl import flags
 from absl.testing import flagsaver
 import pytest
 
+from data_prep import blocks as blocks_pipeline
 from data_prep import pipeline
 from data_prep import synthetic_world
 from experiments import demo
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
+from realm_tf.retrieval import testing
 from realm_tf.tokenization import load_vocab
 
 import helpers
@@ -108,3 +110,29 @@ def demo_world(tmp_path_factory):
   with flagsaver.flagsaver(world_scale=0.3, reading_worlds=1):
     world, files, prepared, reading = demo.prepare_data(out)
   return dict(out=out, world=world, files=files, prepared=prepared, reading=reading)
+
+
+@pytest.fixture(scope="session")
+def openqa_world(tmp_path_factory):
+  """Open-QA's world: a tiny synthetic world (1 region, 3 cities, 5 people, 2 organizations, 2
+  works; a vocabulary of 300), its blocks at 48 wordpieces and a REALM model directory of
+  perturbed random towers (hidden 16, projection 16, 24-wordpiece queries; ckpt-0, finished)
+  to fine-tune from. Keys: ``root``, ``files``, ``vocab``, ``blocks_dir``, ``realm_dir`` and
+  ``tiny_trainer`` (its ``testing.TinyTrainer``)."""
+  root = tmp_path_factory.mktemp("openqa_world")
+  world = synthetic_world.generate_world(seed=1, num_regions=1, num_cities=3, num_people=5,
+                                         num_organizations=2, num_works=2)
+  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=300)
+  blocks_dir = str(root / "blocks")
+  blocks_pipeline.run_blocks(files["articles"], files["vocab"], blocks_dir, block_seq_length=48)
+  realm_dir = str(root / "realm")
+  tiny_trainer = testing.TinyTrainer(realm_dir, files["vocab"], hidden_size=16,
+                                     projection_size=16, query_seq_length=24,
+                                     block_seq_length=48)
+  # Untrained towers embed every text alike (scores tied to 1e-5, ranked by rounding noise):
+  # perturbed ones rank blocks apart, so two code paths retrieve the same beam.
+  tiny_trainer.perturb(0.3)
+  tiny_trainer.save(0)
+  tiny_trainer.finish(0)
+  return dict(root=root, files=files, vocab=files["vocab"], blocks_dir=blocks_dir,
+              realm_dir=realm_dir, tiny_trainer=tiny_trainer)

@@ -17,8 +17,6 @@ import tf_keras
 
 from experiments import assets
 import realm_tf
-from data_prep import blocks as blocks_pipeline
-from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -541,24 +539,12 @@ def test_mirrored_strategy_matches_one_device(tiny):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A synthetic world, a random-init REALM model and its brute-force index, then a few
-  steps of ``openqa_cpu`` (train_and_eval) from it."""
+def trained(openqa_world, tmp_path_factory):
+  """conftest's Open-QA world (its random-init REALM model) and a brute-force index of its
+  block tower, then a few steps of ``openqa_cpu`` (train_and_eval) from it."""
   root = tmp_path_factory.mktemp("openqa_e2e")
-  world = synthetic_world.generate_world(seed=1, num_regions=1, num_cities=3, num_people=5,
-                                         num_organizations=2, num_works=2)
-  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=300)
-  blocks_dir = str(root / "blocks")
-  blocks_pipeline.run_blocks(files["articles"], files["vocab"], blocks_dir, block_seq_length=48)
-  realm_dir, index_dir = str(root / "realm"), str(root / "index")
-  tiny_trainer = testing.TinyTrainer(realm_dir, files["vocab"], hidden_size=16,
-                                     projection_size=16, query_seq_length=24,
-                                     block_seq_length=48)
-  # Untrained towers embed every text alike (scores tied to 1e-5, ranked by rounding noise):
-  # perturbed ones rank blocks apart, so two code paths retrieve the same beam.
-  tiny_trainer.perturb(0.3)
-  tiny_trainer.save(0)
-  tiny_trainer.finish(0)
+  files, blocks_dir = openqa_world["files"], openqa_world["blocks_dir"]
+  realm_dir, index_dir = openqa_world["realm_dir"], str(root / "index")
   refresher.build_index_for_checkpoint(
       None, realm_dir, blocks_dir, index_dir,
       refresher.BuildOptions(index_type="brute_force", recall_queries=0, progress=False,
@@ -599,7 +585,7 @@ def trained(tmp_path_factory):
   metrics = train_lib.run_experiment(params, model_dir, mode="train_and_eval")
   return dict(root=root, files=files, blocks_dir=blocks_dir, realm_dir=realm_dir,
               index_dir=index_dir, model_dir=model_dir, metrics=metrics,
-              tiny_trainer=tiny_trainer, vocab=files["vocab"])
+              tiny_trainer=openqa_world["tiny_trainer"], vocab=files["vocab"])
 
 
 def _read_qa(path):
