@@ -14,6 +14,7 @@ Modules (each pipeline has a command line, ``python -m data_prep.<module> --help
 * ``cli``: the command lines' shared flags and one-line errors.
 
 The on-disk formats they write (file names, features, manifests, readers) are defined once, in
-``realm_tf.data.contract``, which the index, the trainers and the evaluation read through.
+``realm_tf.data.manifests`` (directories) and ``realm_tf.data.features`` (records), which the
+index, the trainers and the evaluation read through.
 ``data_prep`` imports ``realm_tf``, never the other way round.
 """

@@ -21,9 +21,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 import tensorflow as tf
 
-from realm_tf.data import contract
+from realm_tf.data import manifests
 
-MANIFEST = contract.MANIFEST
+MANIFEST = manifests.MANIFEST
 STATS_FILE = "_stats.json"
 
 
@@ -251,7 +251,7 @@ class WriteTFRecordShards(beam.PTransform):
     def write(kv, num_shards):
       index, items = kv
       items = sorted(items, key=lambda kv: kv[0])
-      path = contract.shard_name(prefix, index, num_shards, suffix)
+      path = manifests.shard_name(prefix, index, num_shards, suffix)
       with tf.io.TFRecordWriter(path) as writer:
         for _, record in items:
           writer.write(record)
@@ -282,9 +282,9 @@ def fill_missing_shards(directory: str, prefix: str, suffix: str = ".tfrecord") 
   for i in range(total):
     if i not in have:
       with tf.io.TFRecordWriter(
-          contract.shard_name(os.path.join(directory, prefix), i, total, suffix)):
+          manifests.shard_name(os.path.join(directory, prefix), i, total, suffix)):
         pass
-  return contract.shard_files(directory, prefix, suffix)
+  return manifests.shard_files(directory, prefix, suffix)
 
 
 def _read_tfrecord_file(path: str):
@@ -295,7 +295,7 @@ def _read_tfrecord_file(path: str):
 class ReadTFRecordFiles(beam.PTransform):
   """Serialized records of TFRecord files, read with TensorFlow's reader (see above).
 
-  ``files``: e.g. ``contract.block_shard_files(blocks_dir)``.
+  ``files``: e.g. ``manifests.block_shard_files(blocks_dir)``.
   """
 
   def __init__(self, files: Sequence[str]):

@@ -21,7 +21,7 @@ Command line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRun
   python -m data_prep.blocks --input enwiki.xml.bz2 --vocab_file vocab.txt \\
       --output_dir /data/blocks [--nolower_case] [--keep_list_pages] [--num_shards 0]
 
-Output: a blocks directory as ``realm_tf.data.contract`` defines it (``blocks-*.tfrecord`` +
+Output: a blocks directory as ``realm_tf.data.manifests`` defines it (``blocks-*.tfrecord`` +
 ``manifest.json``).
 """
 
@@ -39,13 +39,14 @@ from data_prep import beam_utils
 from data_prep import cli
 from data_prep import text as text_lib
 from data_prep import wiki
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 _WORD = re.compile(r"\S+")
 MIN_BODY_BUDGET = 16
 
 
-class InputError(contract.DataError):
+class CorpusInputError(manifests.DataError):
   """The corpus input cannot be used (unknown format, nothing readable)."""
 
 
@@ -54,7 +55,7 @@ class InputError(contract.DataError):
 def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
   """``input_spec`` -> ``(kind, files)``, kind in ``xml``, ``jsonl``, ``tfds``.
 
-  Raises InputError / FileNotFoundError with the spec in the message when nothing matches.
+  Raises CorpusInputError / FileNotFoundError with the spec in the message when nothing matches.
   """
   if input_spec.startswith("tfds:"):
     return "tfds", [input_spec[len("tfds:"):]]
@@ -68,7 +69,7 @@ def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
     files.extend(matched)
   kinds = {_file_kind(f) for f in files}
   if len(kinds) != 1:
-    raise InputError(f"corpus files must be all XML dumps or all JSON lines, got {files}")
+    raise CorpusInputError(f"corpus files must be all XML dumps or all JSON lines, got {files}")
   return kinds.pop(), files
 
 
@@ -81,7 +82,7 @@ def _file_kind(path: str) -> str:
     return "xml"
   if name.endswith((".jsonl", ".json", ".ndjson")):
     return "jsonl"
-  raise InputError(f"unknown corpus format for {path}: expected .xml[.bz2] or .jsonl")
+  raise CorpusInputError(f"unknown corpus format for {path}: expected .xml[.bz2] or .jsonl")
 
 
 def parse_jsonl_article(path: str, line_number: int, raw: bytes) -> Tuple[Optional[Dict], str]:
@@ -285,7 +286,7 @@ def _assign_ids(kv, offsets):
   key, doc = kv
   first = offsets[key]
   for i, (body, token_ids) in enumerate(zip(doc["bodies"], doc["token_ids"])):
-    yield {"block_id": first + i, "uid": contract.block_uid(doc["title"], body),
+    yield {"block_id": first + i, "uid": features.block_uid(doc["title"], body),
            "title": doc["title"], "body": body, "token_ids": token_ids}
 
 
@@ -294,7 +295,7 @@ def _fingerprint(id_uids: List[Tuple[int, str]]) -> Dict:
   if [i for i, _ in id_uids] != list(range(len(id_uids))):
     raise AssertionError("block ids are not dense")
   return {"num_blocks": len(id_uids),
-          "fingerprint": contract.corpus_fingerprint(u for _, u in id_uids)}
+          "fingerprint": manifests.corpus_fingerprint(u for _, u in id_uids)}
 
 
 def _read_tfds(p, name_split: str):
@@ -304,10 +305,10 @@ def _read_tfds(p, name_split: str):
   try:
     builder = tfds.builder(name)
   except Exception as e:  # pylint: disable=broad-except
-    raise InputError(f"unknown TFDS dataset {name!r}: {e}") from e
+    raise CorpusInputError(f"unknown TFDS dataset {name!r}: {e}") from e
   if not tf.io.gfile.exists(os.path.join(builder.data_dir, "dataset_info.json")):
-    raise InputError(f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; build it "
-                     f"first (tfds build {name}) or pass a dump / JSON lines file")
+    raise CorpusInputError(f"TFDS dataset {name!r} is not prepared under {builder.data_dir}; "
+                           f"build it first (tfds build {name}) or pass a dump / JSON lines file")
 
   def to_article(ex):
     def s(v):
@@ -339,10 +340,10 @@ def build_blocks_pipeline(p, input_spec: str, vocab_file: str, tmp_dir: str,
              | "AllDocSizes" >> beam.combiners.ToList() | "Offsets" >> beam.Map(_offsets))
   blocks = unique.docs | "AssignIds" >> beam.FlatMap(
       _assign_ids, offsets=beam.pvalue.AsSingleton(offsets))
-  _ = (blocks | "ToExample" >> beam.Map(lambda b: (b["block_id"], contract.serialize_block(
+  _ = (blocks | "ToExample" >> beam.Map(lambda b: (b["block_id"], features.serialize_block(
            b["block_id"], b["uid"], b["title"], b["body"], b["token_ids"])))
        | "WriteBlocks" >> beam_utils.WriteTFRecordShards(
-           os.path.join(tmp_dir, contract.BLOCKS_PREFIX), contract.TFRECORD_SUFFIX, num_shards))
+           os.path.join(tmp_dir, manifests.BLOCKS_PREFIX), manifests.TFRECORD_SUFFIX, num_shards))
   fingerprint = (blocks | "IdUid" >> beam.Map(lambda b: (b["block_id"], b["uid"]))
                  | "AllIdUids" >> beam.combiners.ToList() | "Fingerprint" >> beam.Map(_fingerprint))
   _ = ((docs[beam_utils.STATS_TAG], unique[beam_utils.STATS_TAG])
@@ -365,14 +366,14 @@ def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bo
     counts = stats["counts"]
     num_blocks = stats["blocks"]["num_blocks"]
     if num_blocks == 0:
-      raise InputError(f"no blocks from {input_spec}: every record was dropped or skipped "
-                       f"({counts}); nothing written to {output_dir}")
-    shards = beam_utils.fill_missing_shards(tmp, contract.BLOCKS_PREFIX, contract.TFRECORD_SUFFIX)
+      raise CorpusInputError(f"no blocks from {input_spec}: every record was dropped or skipped "
+                             f"({counts}); nothing written to {output_dir}")
+    shards = beam_utils.fill_missing_shards(tmp, manifests.BLOCKS_PREFIX, manifests.TFRECORD_SUFFIX)
     manifest = {
         "num_blocks": num_blocks,
         "num_documents": counts.get("articles_kept", 0) - counts.get("drop:duplicate_article", 0),
         "vocab_file": os.path.abspath(vocab_file) if "://" not in vocab_file else vocab_file,
-        "vocab_sha1": contract.file_sha1(vocab_file),
+        "vocab_sha1": manifests.file_sha1(vocab_file),
         "lower_case": lower_case,
         "block_seq_length": block_seq_length,
         "fingerprint": stats["blocks"]["fingerprint"],
@@ -382,7 +383,7 @@ def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bo
         "block_order": "title, sha1(article text), position in article",
         "counts": counts,
     }
-    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
+    beam_utils.write_json(os.path.join(tmp, manifests.MANIFEST), manifest)
   skipped = {k: v for k, v in counts.items() if k.startswith(("skip:", "drop:"))}
   logging.info("blocks: %d blocks from %d articles -> %s (dropped/skipped: %s)", num_blocks,
                manifest["num_documents"], output_dir, skipped)
@@ -401,7 +402,7 @@ def define_flags() -> None:
                       "tfds:NAME[:SPLIT].")
   flags.DEFINE_string("output_dir", None, "The blocks directory to write.")
   cli.define_vocab_flags()
-  flags.DEFINE_integer("block_seq_length", contract.BLOCK_SEQ_LENGTH,
+  flags.DEFINE_integer("block_seq_length", features.BLOCK_SEQ_LENGTH,
                        "Wordpieces per block, [CLS] title [SEP] body [SEP] included.")
   define_list_pages_flag()
   cli.define_num_shards()
@@ -417,4 +418,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, define_flags, extra_errors=(wiki.DumpFormatError,))
+  cli.run(main, define_flags)

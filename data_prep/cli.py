@@ -15,7 +15,7 @@ import logging
 from absl import app
 from absl import flags
 
-from realm_tf.data import contract
+from realm_tf.data import features
 
 
 def define_vocab_flags() -> None:
@@ -42,7 +42,7 @@ def define_num_shards() -> None:
 def define_example_flags() -> None:
   """The flags of both example pipelines (pre-training and ICT): ``--query_seq_length``, the
   split flags and ``--num_shards``."""
-  flags.DEFINE_integer("query_seq_length", contract.QUERY_SEQ_LENGTH, "Wordpieces per query.")
+  flags.DEFINE_integer("query_seq_length", features.QUERY_SEQ_LENGTH, "Wordpieces per query.")
   define_split_flags()
   define_num_shards()
 
@@ -60,7 +60,7 @@ class _NoTracebackFor(logging.Filter):
     return True
 
 
-def run(main, define_flags, beam: bool = True, extra_errors=()) -> None:
+def run(main, define_flags, beam: bool = True) -> None:
   """Defines the module's flags, parses the command line and runs ``main(argv)``.
 
   Args:
@@ -69,8 +69,6 @@ def run(main, define_flags, beam: bool = True, extra_errors=()) -> None:
     define_flags: defines the module's flags.
     beam: leave unknown flags to Beam; without, they are errors and so are positional
       arguments.
-    extra_errors: the module's own exception classes to report on one line (the data
-      contract's errors, missing files and vocabulary errors always are).
   """
   from realm_tf.binaries import cli  # pylint: disable=g-import-not-at-top
 
@@ -84,5 +82,5 @@ def run(main, define_flags, beam: bool = True, extra_errors=()) -> None:
   # A step that raises logs the exception with its traceback before Beam re-raises it here;
   # for an expected error (a malformed input file) the one-line report is enough.
   logging.getLogger("apache_beam.runners.common").addFilter(
-      _NoTracebackFor(cli.USER_ERRORS + tuple(extra_errors)))
-  cli.run_main(checked, extra_errors=extra_errors, known_only=beam)
+      _NoTracebackFor(cli.USER_ERRORS))
+  cli.run_main(checked, known_only=beam)

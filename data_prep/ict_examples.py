@@ -4,9 +4,9 @@ ORQA draws its ICT pairs when it reads a block: one random sentence is the pseud
 (``[CLS] sentence [SEP]``) and the block the positive, with the sentence cut out of it with
 probability 0.9, a fresh coin at every read. So this pipeline writes, for every block with at
 least two sentences, the material of those draws: ``block_id``, the title's wordpieces and the
-body's sentences as wordpiece lists (:func:`realm_tf.data.contract.serialize_ict_block`); the
+body's sentences as wordpiece lists (:func:`realm_tf.data.features.serialize_ict_block`); the
 ICT loader (``realm_tf.data.loaders.IctLoader``) samples the pairs, at the model's query and
-block lengths (``contract.sample_ict_examples``). One-sentence blocks give no record
+block lengths (``features.sample_ict_examples``). One-sentence blocks give no record
 (``skip:single_sentence_block``): the query would be the whole block. The eval split holds out
 whole blocks by the same hash rule as the pre-training examples.
 
@@ -17,7 +17,7 @@ punctuation (BERT's basic tokenizer splits there); blocks where it does not are 
 start past the end of a ``--block_seq_length`` block (``skip:sentence_past_block``): they could
 never show in their block.
 
-The manifest has ``"sampling"`` (``contract.ICT_SAMPLING``), ``num_train``/``num_eval``
+The manifest has ``"sampling"`` (``manifests.ICT_SAMPLING``), ``num_train``/``num_eval``
 (blocks), ``num_sentences``, ``remove_prob`` (``--remove_prob``: the loader's default), and the
 vocabulary's ``cls_id``/``sep_id``, which the loader packs with.
 
@@ -39,7 +39,8 @@ from data_prep import beam_utils
 from data_prep import cli
 from data_prep import pretrain_examples
 from data_prep import text as text_lib
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 
 def block_sentences(title_ids: Sequence[int], sentence_ids: Sequence[Sequence[int]],
@@ -76,7 +77,7 @@ class BuildIctFn(beam.DoFn):
     self._progress = beam_utils.ProgressLogger("ICT blocks", every=5000)
 
   def process(self, batch):
-    blocks = [contract.parse_block(s) for s in batch]
+    blocks = [features.parse_block(s) for s in batch]
     spans = text_lib.batch_sentence_spans([b["body"] for b in blocks])
     texts = [b["body"][s:e] for b, sents in zip(blocks, spans) for s, e in sents]
     flat = self._tok.tokenize(texts).to_list() if texts else []
@@ -97,7 +98,7 @@ class BuildIctFn(beam.DoFn):
       split = pretrain_examples.split_of(block["uid"], self._eval_fraction)
       yield beam_utils.count_event(f"examples:{split}")
       yield beam_utils.count_event("sentences", len(kept))
-      yield beam.pvalue.TaggedOutput(split, (block["block_id"], contract.serialize_ict_block(
+      yield beam.pvalue.TaggedOutput(split, (block["block_id"], features.serialize_ict_block(
           block["block_id"], title_ids, kept)))
 
 
@@ -114,28 +115,28 @@ def run_ict_examples(blocks_dir: str, vocab_file: str, output_dir: str, lower_ca
   del query_seq_length, seed  # Read-time settings (see above).
   from realm_tf.tokenization import load_vocab
   vocab = load_vocab(vocab_file)
-  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
-  files = contract.block_shard_files(blocks_dir, blocks_manifest)
+  blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
+  files = manifests.block_shard_files(blocks_dir, blocks_manifest)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     def build(p):
       out = (p | "ReadBlocks" >> beam_utils.ReadTFRecordFiles(files)
              | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=128)
              | "ICT" >> beam.ParDo(BuildIctFn(
                  vocab_file, lower_case, block_seq_length, eval_fraction)).with_outputs(
-                     beam_utils.STATS_TAG, contract.TRAIN_SPLIT, contract.EVAL_SPLIT))
-      for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
+                     beam_utils.STATS_TAG, manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT))
+      for split in (manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT):
         _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
-            os.path.join(tmp, split), contract.TFRECORD_SUFFIX, num_shards)
+            os.path.join(tmp, split), manifests.TFRECORD_SUFFIX, num_shards)
       _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
     beam_utils.run_pipeline(build, pipeline_args, "ict_examples")
     counts = beam_utils.pop_stats(tmp)["counts"]
-    for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
-      beam_utils.fill_missing_shards(tmp, split, contract.TFRECORD_SUFFIX)
+    for split in (manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT):
+      beam_utils.fill_missing_shards(tmp, split, manifests.TFRECORD_SUFFIX)
     manifest = {
         "kind": "ict",
-        "sampling": contract.ICT_SAMPLING,
-        "num_train": counts.get(f"examples:{contract.TRAIN_SPLIT}", 0),
-        "num_eval": counts.get(f"examples:{contract.EVAL_SPLIT}", 0),
+        "sampling": manifests.ICT_SAMPLING,
+        "num_train": counts.get(f"examples:{manifests.TRAIN_SPLIT}", 0),
+        "num_eval": counts.get(f"examples:{manifests.EVAL_SPLIT}", 0),
         "num_sentences": counts.get("sentences", 0),
         "remove_prob": remove_prob,
         "cls_id": vocab.index("[CLS]"),
@@ -150,8 +151,8 @@ def run_ict_examples(blocks_dir: str, vocab_file: str, output_dir: str, lower_ca
         "counts": counts,
     }
     if manifest["num_train"] == 0:
-      raise contract.DataError(f"no ICT blocks from {blocks_dir} ({counts}); nothing written")
-    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
+      raise manifests.DataError(f"no ICT blocks from {blocks_dir} ({counts}); nothing written")
+    beam_utils.write_json(os.path.join(tmp, manifests.MANIFEST), manifest)
   logging.info("ICT examples: %d train, %d eval blocks -> %s", manifest["num_train"],
                manifest["num_eval"], output_dir)
   return manifest
@@ -162,7 +163,7 @@ def define_flags() -> None:
   flags.DEFINE_string("blocks_dir", None, "The blocks directory.")
   flags.DEFINE_string("output_dir", None, "The ICT examples directory to write.")
   cli.define_vocab_flags()
-  flags.DEFINE_integer("block_seq_length", contract.BLOCK_SEQ_LENGTH,
+  flags.DEFINE_integer("block_seq_length", features.BLOCK_SEQ_LENGTH,
                        "Wordpieces per block: sentences starting past it are dropped.")
   flags.DEFINE_float("remove_prob", 0.9,
                      "Probability that the query sentence is cut out of its block: the "

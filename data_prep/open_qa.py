@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from data_prep import beam_utils
 from data_prep import cli
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data import qa
 
 DEV_BUCKETS = 100000
@@ -48,7 +48,7 @@ DEV_MODULUS = 10
 SOURCE_FLAGS = ("nq_train", "nq_dev", "wq_train", "wq_test", "ct_train", "ct_test")
 
 
-# A QA file without a valid record (a contract.DataError naming the file and its first problem).
+# A QA file without a valid record (a manifests.DataError naming the file and its first problem).
 QAFormatError = qa.QAFormatError
 
 
@@ -58,10 +58,6 @@ def dev_mask(questions: List[str]) -> List[bool]:
     return []
   buckets = tf.strings.to_hash_bucket_fast(tf.constant(questions, tf.string), DEV_BUCKETS)
   return [bool(b % DEV_MODULUS == 0) for b in buckets.numpy()]
-
-
-def is_dev_question(question: str) -> bool:
-  return dev_mask([question])[0]
 
 
 def read_qa_file(path: str, answer_type: str = "text") -> Tuple[List[Dict], List[str]]:
@@ -165,7 +161,7 @@ def main(argv):
   sources = {}
   if f.data_dir:
     if not tf.io.gfile.isdir(f.data_dir):
-      raise contract.MissingDataError(f"directory not found: {f.data_dir}")
+      raise manifests.MissingDataError(f"directory not found: {f.data_dir}")
     sources = default_sources(f.data_dir)
   sources.update({name: getattr(f, name) for name in SOURCE_FLAGS if getattr(f, name)})
   if not sources:

@@ -27,7 +27,6 @@ from data_prep import cli
 from data_prep import ict_examples
 from data_prep import pretrain_examples
 from data_prep import salient_spans
-from data_prep import wiki
 
 
 def prepare_all(corpus_jsonl_or_xml: str, vocab_file: str, output_dir: str,
@@ -84,4 +83,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main, define_flags, extra_errors=(wiki.DumpFormatError,))
+  cli.run(main, define_flags)

@@ -24,8 +24,8 @@ training (``realm_tf.data.loaders.MaskedExamplesLoader``) draws one variant per 
 
 The eval split holds out whole blocks: a sentence goes to ``eval`` when
 ``hash_fraction(block_uid, salt="eval:") < eval_fraction`` (SHA1-based, see
-``data_prep.text.hash_fraction``). Features: ``realm_tf.data.contract.pretrain_features`` and
-``realm_tf.data.contract.pretrain_variant_features``.
+``data_prep.text.hash_fraction``). Features: ``realm_tf.data.features.pretrain_features`` and
+``realm_tf.data.features.pretrain_variant_features``.
 
 Command line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
 
@@ -47,7 +47,8 @@ from data_prep import beam_utils
 from data_prep import cli
 from data_prep import masking as masking_lib
 from data_prep import text as text_lib
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 MASKINGS = ("salient", "random_span", "uniform")
 
@@ -55,7 +56,7 @@ MASKINGS = ("salient", "random_span", "uniform")
 def split_of(block_uid: str, eval_fraction: float) -> str:
   """``"eval"`` for a deterministic ``eval_fraction`` of block uids, else ``"train"``."""
   held_out = text_lib.hash_fraction(block_uid, "eval:") < eval_fraction
-  return contract.EVAL_SPLIT if held_out else contract.TRAIN_SPLIT
+  return manifests.EVAL_SPLIT if held_out else manifests.TRAIN_SPLIT
 
 
 def _int_feature(values):
@@ -324,8 +325,8 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
     raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
   from realm_tf.tokenization import load_vocab
   load_vocab(vocab_file)
-  sent_manifest = contract.load_manifest(sentences_dir)
-  files = contract.shard_files(sentences_dir, contract.SENTENCES_PREFIX, contract.JSONL_SUFFIX)
+  sent_manifest = manifests.load_manifest(sentences_dir)
+  files = manifests.shard_files(sentences_dir, manifests.SENTENCES_PREFIX, manifests.JSONL_SUFFIX)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     def build(p):
       out = (p | "Files" >> beam.Create(files)
@@ -336,24 +337,24 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
                  vocab_file, lower_case, masking, query_seq_length, max_masks,
                  examples_per_sentence, seed, eval_fraction,
                  variants_per_sentence)).with_outputs(
-                     beam_utils.STATS_TAG, contract.TRAIN_SPLIT, contract.EVAL_SPLIT))
-      for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
+                     beam_utils.STATS_TAG, manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT))
+      for split in (manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT):
         _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
-            os.path.join(tmp, split), contract.TFRECORD_SUFFIX, num_shards)
+            os.path.join(tmp, split), manifests.TFRECORD_SUFFIX, num_shards)
       _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
     beam_utils.run_pipeline(build, pipeline_args, "pretrain_examples")
     counts = beam_utils.pop_stats(tmp)["counts"]
-    for split in (contract.TRAIN_SPLIT, contract.EVAL_SPLIT):
-      beam_utils.fill_missing_shards(tmp, split, contract.TFRECORD_SUFFIX)
-    num_train = counts.get(f"examples:{contract.TRAIN_SPLIT}", 0)
+    for split in (manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT):
+      beam_utils.fill_missing_shards(tmp, split, manifests.TFRECORD_SUFFIX)
+    num_train = counts.get(f"examples:{manifests.TRAIN_SPLIT}", 0)
     if num_train == 0:
-      raise contract.DataError(f"no training examples from {sentences_dir} with "
-                               f"masking={masking!r} ({counts}); nothing written to {output_dir}")
+      raise manifests.DataError(f"no training examples from {sentences_dir} with "
+                                f"masking={masking!r} ({counts}); nothing written to {output_dir}")
     manifest = {
         "kind": "pretrain",
         "masking": masking,
         "num_train": num_train,
-        "num_eval": counts.get(f"examples:{contract.EVAL_SPLIT}", 0),
+        "num_eval": counts.get(f"examples:{manifests.EVAL_SPLIT}", 0),
         "eval_fraction": eval_fraction,
         "eval_rule": "hash_fraction(block_uid, salt='eval:') < eval_fraction",
         "query_seq_length": query_seq_length,
@@ -365,7 +366,7 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
         "variants": _variant_stats(counts),
         "seed": seed,
         "vocab_file": vocab_file,
-        "vocab_sha1": contract.file_sha1(vocab_file),
+        "vocab_sha1": manifests.file_sha1(vocab_file),
         "lower_case": lower_case,
         "blocks_fingerprint": sent_manifest["blocks_fingerprint"],
         "sentences_dir": sentences_dir,
@@ -373,7 +374,7 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
         "long_sentences": "cut around the masked span" if masking != "uniform" else "cut at end",
         "counts": counts,
     }
-    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
+    beam_utils.write_json(os.path.join(tmp, manifests.MANIFEST), manifest)
   logging.info("pretrain examples (%s): %d train, %d eval -> %s", masking, manifest["num_train"],
                manifest["num_eval"], output_dir)
   return manifest
@@ -401,8 +402,8 @@ def define_flags() -> None:
   define_masking_flags()
   flags.DEFINE_integer("variants_per_sentence", 8,
                        "Maskings per sentence that training draws from (random_span, uniform; "
-                       "salient uses every usable span).")
-  flags.DEFINE_integer("max_masks", contract.MAX_MASKS, "Masked wordpieces per query, at most.")
+                       "salient uses every usable span).", lower_bound=1)
+  flags.DEFINE_integer("max_masks", features.MAX_MASKS, "Masked wordpieces per query, at most.")
   cli.define_example_flags()
   flags.mark_flags_as_required(["sentences_dir", "output_dir"])
   flags.adopt_module_key_flags(cli)  # The shared flags show in --help too.

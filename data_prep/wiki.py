@@ -25,6 +25,8 @@ import xml.etree.ElementTree as ET
 import mwparserfromhell
 from mwparserfromhell import nodes as mwnodes
 
+from realm_tf import errors
+
 # Title prefixes of the pages ORQA leaves out of its corpus: navigation pages, not articles.
 LIST_TITLE_PREFIXES = ("List of ", "Lists of ", "Index of ", "Outline of ")
 _DISAMBIG_TEMPLATES = re.compile(
@@ -39,7 +41,7 @@ _DROP_TAGS = ("ref", "table", "gallery", "math", "timeline", "references", "scor
               "graph", "mapframe", "hiero")
 
 
-class DumpFormatError(ValueError):
+class DumpFormatError(errors.RealmError, ValueError):
   """A dump file cannot be parsed as MediaWiki XML."""
 
 

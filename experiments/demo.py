@@ -56,7 +56,7 @@ def _say(message: str) -> None:
   print(f"[demo {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def _run(args, log_path):
+def start_binary(args, log_path):
   """Starts a realm_tf binary as its own process, logging to ``log_path``."""
   log = open(log_path, "w")  # pylint: disable=consider-using-with
   return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
@@ -69,7 +69,7 @@ def _wait(proc, name, log_path):
     raise RuntimeError(f"{name} failed (exit {proc.returncode}); last log lines:\n{tail}")
 
 
-def _wait_all(procs):
+def wait_all(procs):
   """Waits for each ``(process, name, log)`` in order; on a failure, kills the rest."""
   try:
     for proc, name, log in procs:
@@ -172,9 +172,9 @@ def pretrain(runs, vocab, dirs, ict_dir, reader_dir, out):
          f"logs in {out}/{name}.*.log")
     for binary, args in (("realm-refresh", refresher_args), ("realm-train", trainer_args)):
       log = os.path.join(out, f"{name}.{binary.split('-')[1]}.log")
-      procs.append((_run(args, log), binary, log))
+      procs.append((start_binary(args, log), binary, log))
   # Trainers first: a refresher exits only after its trainer has finished.
-  _wait_all(sorted(procs, key=lambda p: p[1] == "realm-refresh"))
+  wait_all(sorted(procs, key=lambda p: p[1] == "realm-refresh"))
   results = {}
   for name in runs:
     with open(os.path.join(out, f"{name}.refresh.log")) as f:
@@ -219,12 +219,12 @@ def openqa(runs, out, dirs, files, vocab):
         options=refresher.BuildOptions(index_type="brute_force", progress=False))
     log = os.path.join(out, f"{name}.train.log")
     _say(f"Open-QA fine-tuning '{name}' ({FLAGS.openqa_steps} steps); log in {log}")
-    procs.append((_run(["realm_tf.binaries.train", "--experiment=openqa_cpu",
-                        "--mode=train_and_eval", f"--config_file={config_file}",
-                        f"--model_dir={os.path.join(out, name)}",
-                        "--params_override=" + overrides(name, "qa_dev")], log),
+    procs.append((start_binary(["realm_tf.binaries.train", "--experiment=openqa_cpu",
+                                "--mode=train_and_eval", f"--config_file={config_file}",
+                                f"--model_dir={os.path.join(out, name)}",
+                                "--params_override=" + overrides(name, "qa_dev")], log),
                   f"realm-train ({name})", log))
-  _wait_all(procs)
+  wait_all(procs)
   results = {}
   for name in runs:
     params = configs.load_experiment("openqa_cpu", [config_file], overrides(name, "qa_test"))
@@ -249,7 +249,7 @@ def main(argv):
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
 
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
@@ -257,7 +257,7 @@ def main(argv):
   _say(f"writing everything under {out}")
   world, files, prepared, reading = prepare_data(out)
   dirs, vocab = prepared["dirs"], files["vocab"]
-  num_blocks = contract.load_blocks_manifest(dirs["blocks"])["num_blocks"]
+  num_blocks = manifests.load_blocks_manifest(dirs["blocks"])["num_blocks"]
   _say(f"world: {len(world.articles)} articles -> {num_blocks} blocks, "
        f"{prepared['pretrain']['num_train']} masked training sentences, "
        f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT blocks; "

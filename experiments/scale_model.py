@@ -60,9 +60,10 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from absl import app
 from absl import flags
 import numpy as np
+
+from realm_tf.binaries import cli
 
 PAPER_NUM_BLOCKS = 13_353_718   # Guu et al. 2020, section 4 / appendix (enwiki-20181220)
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs",
@@ -195,12 +196,13 @@ def activation_bytes(shape: EncoderShape, seq_length: int, num_sequences: int,
 
 
 def feature_bytes(model_config, batch_size: int) -> int:
-  """Bytes the host sends the device per step: ``DEVICE_FEATURES`` of ``feature_signature``."""
+  """Bytes the host sends the device per step with host retrieval: ``HOST_PATH_FEATURES`` of
+  ``feature_signature``."""
   from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import realm_pretrain  # pylint: disable=g-import-not-at-top
   signature = candidates.feature_signature(model_config)
   total = 0
-  for name in realm_pretrain.DEVICE_FEATURES:
+  for name in realm_pretrain.HOST_PATH_FEATURES:
     spec = signature[name]
     total += int(np.prod(spec.shape[1:], dtype=np.int64)) * spec.dtype.size
   return batch_size * total
@@ -863,4 +865,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

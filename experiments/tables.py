@@ -37,8 +37,9 @@ import math
 import os
 import statistics
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
+from absl import app
 from absl import flags
 
 from experiments import demo
@@ -125,7 +126,7 @@ def separated(a: Sequence[float], b: Sequence[float]) -> str:
   return "not separated"
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
   print(f"[tables {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
@@ -165,7 +166,7 @@ def prepare(out: str) -> Dict:
         examples_per_sentence=2, **common)["dirs"])
   num_questions = sum(1 for _ in open(files["qa_test"]))
   held_out = prepared["pretrain"]["num_eval"]
-  _say(f"world: {len(world.articles)} articles, "
+  say(f"world: {len(world.articles)} articles, "
        f"{prepared['blocks']['num_blocks']} blocks, {held_out} held-out masked sentences, "
        f"{num_questions} test questions")
   prepared = dict(files=files, dirs=dirs, reading=reading, num_test_questions=num_questions,
@@ -176,8 +177,14 @@ def prepare(out: str) -> Dict:
 
 
 # ---------------------------------------------------------------------------- warm starts --
-def warm_starts(out: str, data: Dict) -> Dict[str, str]:
-  """The "BERT" reader (reading warm start) and the ICT retriever, trained once."""
+def warm_starts(out: str, data: Dict, variants: Optional[Dict[str, tuple]] = None
+                ) -> Dict[str, str]:
+  """The "BERT" reader (reading warm start) and the ICT retriever, trained once each.
+
+  ``variants``: more warm starts, ``{name: (stage, overrides)}`` (``stage`` "bert" or "ict"),
+  each trained into ``out/<name>`` with the stage's settings and the extra overrides.
+  Returns ``{name: model_dir}`` for both stages and every variant.
+  """
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
@@ -196,23 +203,26 @@ def warm_starts(out: str, data: Dict) -> Dict[str, str]:
               [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
                f"task.train_data.input_path={os.path.join(data['dirs']['ict'], 'train-*')}"]),
   }
+  runs = {name: (name, []) for name in stages}
+  runs.update(variants or {})
   dirs = {}
-  for name, (experiment, steps, lr, yamls, overrides) in stages.items():
+  for name, (stage, extra) in runs.items():
+    experiment, steps, lr, yamls, overrides = stages[stage]
     model_dir = os.path.join(out, name)
     dirs[name] = model_dir
     if model_dir_lib.training_done(model_dir):
-      _say(f"{name}: already trained in {model_dir}")
+      say(f"{name}: already trained in {model_dir}")
       continue
     params = configs.load_experiment(
         experiment, [os.path.join(demo.CONFIG_DIR, f"{experiment}__demo.yaml"), *yamls],
-        ",".join(overrides + demo.schedule(steps, lr)))
-    _say(f"{name} warm start ({steps} steps) -> {model_dir}")
+        ",".join(overrides + demo.schedule(steps, lr) + list(extra)))
+    say(f"{name} warm start ({steps} steps) -> {model_dir}")
     train_lib.run_experiment(params, model_dir, mode="train")
   return dirs
 
 
 # ------------------------------------------------------------------------- pre-training --
-def pretrain_overrides(data, name, masking, index_dir, seed, warm, plotted):
+def pretrain_overrides(data, masking, index_dir, seed, warm, plotted, extra=()):
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   n = demo.vocab_size(vocab)
   every = FLAGS.refresh_every
@@ -231,7 +241,36 @@ def pretrain_overrides(data, name, masking, index_dir, seed, warm, plotted):
   ]
   if plotted:
     overrides.append(f"task.qa_eval_path={data['files']['qa_dev']}")
-  return ",".join(overrides + demo.schedule(FLAGS.realm_steps, FLAGS.realm_learning_rate))
+  return ",".join(overrides + demo.schedule(FLAGS.realm_steps, FLAGS.realm_learning_rate) +
+                  list(extra))
+
+
+def start_pretrain(model_dir, data, warm, seed, masking="salient", min_interval=0,
+                   plotted=True, extra=()):
+  """Starts one REALM pre-training run in ``model_dir`` beside its refresher (its index in
+  ``model_dir + "_index"``; at most every ``min_interval`` steps); ``plotted``: validate
+  every ``validation_every`` steps, with the dev questions' QA recall; ``extra``: more
+  overrides. Returns the ``(process, name, log)`` triples for ``demo.wait_all``."""
+  index_dir = model_dir + "_index"
+  name = os.path.basename(model_dir)
+  refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+                    f"--index_dir={index_dir}", f"--blocks_dir={data['dirs']['blocks']}",
+                    "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
+                    "--index_type=brute_force", "--progress=false",
+                    f"--min_step_interval={min_interval}"]
+  trainer_args = [
+      "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+      "--mode=" + ("train_and_eval" if plotted else "train"),
+      f"--config_file={os.path.join(demo.CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
+      f"--model_dir={model_dir}",
+      "--params_override=" + pretrain_overrides(data, masking, index_dir, seed, warm, plotted,
+                                                extra)]
+  os.makedirs(os.path.dirname(model_dir), exist_ok=True)
+  procs = []
+  for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
+    log = f"{model_dir}.{binary}.log"
+    procs.append((demo.start_binary(args, log), f"realm-{binary} ({name}, seed {seed})", log))
+  return procs
 
 
 def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Sequence[str]):
@@ -244,32 +283,16 @@ def pretrain(out: str, data: Dict, warm: Dict[str, str], seed: int, names: Seque
   for name in names:
     masking, interval = PRETRAIN_RUNS[name]
     model_dir = os.path.join(out, f"seed{seed}", name)
-    index_dir = model_dir + "_index"
     dirs[name] = model_dir
     if model_dir_lib.training_done(model_dir):
       continue
     min_interval = FLAGS.refresh_every * (interval or FLAGS.staleness) if interval != 1 else 0
-    refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
-                      f"--index_dir={index_dir}", f"--blocks_dir={data['dirs']['blocks']}",
-                      "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
-                      "--index_type=brute_force", "--progress=false",
-                      f"--min_step_interval={min_interval}"]
-    plotted = name in ("realm", "stale")
-    trainer_args = [
-        "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
-        "--mode=" + ("train_and_eval" if plotted else "train"),
-        f"--config_file={os.path.join(demo.CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
-        f"--model_dir={model_dir}",
-        "--params_override=" + pretrain_overrides(data, name, masking, index_dir, seed, warm,
-                                                  plotted)]
-    os.makedirs(os.path.dirname(model_dir), exist_ok=True)
-    for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
-      log = f"{model_dir}.{binary}.log"
-      procs.append((demo._run(args, log), f"realm-{binary} ({name}, seed {seed})", log))  # pylint: disable=protected-access
+    procs += start_pretrain(model_dir, data, warm, seed, masking, min_interval,
+                            plotted=name in ("realm", "stale"))
   if procs:
-    _say(f"seed {seed}: REALM pre-training {', '.join(names)} ({FLAGS.realm_steps} steps each, "
+    say(f"seed {seed}: REALM pre-training {', '.join(names)} ({FLAGS.realm_steps} steps each, "
          "side by side)")
-    demo._wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))  # pylint: disable=protected-access
+    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   return dirs
 
 
@@ -328,21 +351,21 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
     log = model_dir + ".train.log"
     if label == TRAINABLE_ROW:
       refresh_log = model_dir + ".refresh.log"
-      procs.append((demo._run(  # pylint: disable=protected-access
+      procs.append((demo.start_binary(
           ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
            f"--index_dir={model_dir}_index", f"--blocks_dir={data['dirs']['blocks']}",
            "--poll_seconds=1", "--model_dir_wait_seconds=900", "--keep=2",
            "--index_type=brute_force", "--progress=false"], refresh_log),
           f"realm-refresh ({label}, seed {seed})", refresh_log))
-    procs.append((demo._run(["realm_tf.binaries.train", "--experiment=openqa_cpu",  # pylint: disable=protected-access
-                             "--mode=train_and_eval", f"--config_file={config_file}",
-                             f"--model_dir={model_dir}",
-                             "--params_override=" + overrides(label, "qa_dev")], log),
+    procs.append((demo.start_binary(["realm_tf.binaries.train", "--experiment=openqa_cpu",
+                                     "--mode=train_and_eval", f"--config_file={config_file}",
+                                     f"--model_dir={model_dir}",
+                                     "--params_override=" + overrides(label, "qa_dev")], log),
                   f"realm-train ({label}, seed {seed})", log))
   if procs:
-    _say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
+    say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
          f"({FLAGS.openqa_steps} steps each)")
-    demo._wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))  # pylint: disable=protected-access
+    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
   results, zero_shot = {}, {}
   for label, (retriever, _) in rows.items():
     if label in done and label not in trained_now:
@@ -361,7 +384,7 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
     results[label] = dict(em=after["official_exact_match"], top_5_match=after["top_5_match"],
                           zero_shot_recall_at_5=zero_shot[retriever]["top_5_match"],
                           questions=after["questions"])
-    _say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
+    say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
          f"{results[label]['zero_shot_recall_at_5']:.3f}")
   return results
 
@@ -372,13 +395,10 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
   from the "BERT" reader and from REALM's reader with the null block, REALM's reader given the
   best-ranked block that holds the answer, and REALM's marginal over its top 8."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf.data import answers  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling import losses  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks.realm_pretrain import DEVICE_FEATURES  # pylint: disable=g-import-not-at-top
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   vocab, dirs = data["files"]["vocab"], data["dirs"]
@@ -395,19 +415,9 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
   bert = task.build_model()
   model_dir_lib.restore(model_dir_lib.latest_checkpoint(bert_dir), allow_missing=True,
                         reader=bert.reader)
-  builder = task._builder_over(dirs["blocks"], None)  # pylint: disable=protected-access
-  ids, emb = corpus_embedding.embed_corpus(
-      realm.block_embedder, dirs["blocks"], params.task.model.retriever.block_seq_length, vocab,
-      True, progress=False)
-  index = mips_index.BruteForceIndex(
-      corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=dirs["blocks"]))
-  examples = task._loader(params.task.validation_data).read_all()  # pylint: disable=protected-access
-  q = examples["query_ids"]
-  queries = tf.cast(realm.query_embedder(dict(
-      input_word_ids=q, input_mask=examples["query_mask"], input_type_ids=np.zeros_like(q)),
-      training=False), tf.float32).numpy()
-  ranked, _ = index.search(queries, builder.null_row)
-  top = builder.select_candidates(ranked, examples["source_uid"])
+  builder = task.validation_builder()
+  examples = task.loader(params.task.validation_data).read_all()
+  top, ranked, _ = task.exact_candidates(realm, examples)
   gold = top.copy()
   keep = []
   for i, (row, uid, answer) in enumerate(zip(ranked, examples["source_uid"],
@@ -420,7 +430,7 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
 
   def span_log_p(model, candidates, which):
     out = []
-    for s in range(0, len(q), 64):
+    for s in range(0, len(ranked), 64):
       sl = slice(s, s + 64)
       feats = builder.features({k: v[sl] for k, v in examples.items()}, candidates=candidates[sl])
       outputs = model({k: feats[k] for k in DEVICE_FEATURES}, training=False)
@@ -613,7 +623,7 @@ def main(argv):
   from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   tables = sorted(set(FLAGS.table))
   if not set(tables) <= {"1", "2", "3"}:
-    raise ValueError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
+    raise app.UsageError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
   start = time.time()
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
@@ -648,7 +658,7 @@ def main(argv):
              f"{FLAGS.openqa_steps} steps; index refreshed every {FLAGS.refresh_every} steps; "
              f"{minutes:.0f} min on this machine")
   print(render(out, runs, tables, setting))
-  _say(f"finished in {minutes:.1f} min; tables in {out}")
+  say(f"finished in {minutes:.1f} min; tables in {out}")
 
 
 def run():

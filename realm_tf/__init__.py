@@ -5,11 +5,13 @@ Start with ``realm_tf.Embedder.load(model_dir)`` (retrieval) or
 described in README.md.
 """
 
-from realm_tf.embedder_api import Embedder
-
 
 def __getattr__(name):
-  # OpenQA pulls in Model Garden's task machinery: imported on first use only.
+  # Both pull in TensorFlow (OpenQA also Model Garden's task machinery): imported on first use
+  # only, so that light modules such as realm_tf.errors import without them.
+  if name == "Embedder":
+    from realm_tf.embedder_api import Embedder  # pylint: disable=g-import-not-at-top
+    return Embedder
   if name == "OpenQA":
     from realm_tf.openqa.predict import OpenQA  # pylint: disable=g-import-not-at-top
     return OpenQA

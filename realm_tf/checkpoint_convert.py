@@ -45,6 +45,7 @@ from official.nlp.tools import tf1_bert_checkpoint_converter_lib as tf1_lib
 from safetensors import numpy as safetensors_numpy
 
 from realm_tf import configs
+from realm_tf import errors
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf import tokenization
@@ -71,7 +72,7 @@ LAYOUTS = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(errors.RealmError, ValueError):
   """A checkpoint that does not fit the model its config describes, or cannot be read."""
 
 

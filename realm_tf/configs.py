@@ -22,6 +22,8 @@ from official.modeling import hyperparams
 from official.modeling import optimization
 from official.nlp.configs import encoders
 
+from realm_tf import errors
+
 # Sequence lengths of the paper and the released code.
 QUERY_SEQ_LENGTH = 96
 BLOCK_SEQ_LENGTH = 288
@@ -55,9 +57,12 @@ class RetrieverConfig(hyperparams.Config):
     share_embedders: one tower for queries and blocks (as the released REALM) or two.
     query_seq_length: ``[CLS] x [SEP]`` length.
     block_seq_length: ``[CLS] title [SEP] body [SEP]`` length.
+    projection_dropout: dropout on the embedding when training (ORQA's retriever module: 0.1
+      after the LayerNorm, in ICT and in REALM, which loads it with the train tags).
   """
   encoder: encoders.BertEncoderConfig = dataclasses.field(default_factory=bert_base)
   projection_size: int = 128
+  projection_dropout: float = 0.1
   share_embedders: bool = True
   query_seq_length: int = QUERY_SEQ_LENGTH
   block_seq_length: int = BLOCK_SEQ_LENGTH
@@ -93,8 +98,8 @@ class RealmModelConfig(hyperparams.Config):
 
 
 @dataclasses.dataclass
-class IctDataConfig(cfg.DataConfig):
-  """ICT examples (the ICT examples pipeline): ``input_path`` is a glob or a list of globs."""
+class ExamplesDataConfig(cfg.DataConfig):
+  """TFRecord examples of a pipeline: ``input_path`` is a glob or a list of globs."""
   input_path: str = ""
   global_batch_size: int = 512
   is_training: bool = True
@@ -103,7 +108,19 @@ class IctDataConfig(cfg.DataConfig):
 
 
 @dataclasses.dataclass
-class MaskedLmDataConfig(IctDataConfig):
+class IctDataConfig(ExamplesDataConfig):
+  """ICT examples (the ICT examples pipeline).
+
+  ``query_mask_prob``: the share of queries in which a span of 1 to ``query_mask_span``
+  wordpieces is replaced by ``[MASK]``, so that the query tower learns queries shaped like
+  REALM's masked sentences (0: ORQA's ICT, whose queries never hold ``[MASK]``).
+  """
+  query_mask_prob: float = 0.0
+  query_mask_span: int = 3
+
+
+@dataclasses.dataclass
+class MaskedLmDataConfig(ExamplesDataConfig):
   """Masked sentences (the pre-training examples pipeline) and the blocks they retrieve from.
 
   ``resample_masks``: when training, each read of a sentence draws one of its masking variants
@@ -136,29 +153,6 @@ class IctTaskConfig(cfg.TaskConfig):
 
 
 @dataclasses.dataclass
-class ReaderMlmTaskConfig(cfg.TaskConfig):
-  """BERT-style masked-LM pre-training of the reader alone (toy-scale BERT initialization).
-
-  The paper starts REALM's reader from BERT, which already reads: it fills a mask from the
-  second segment of its input. Toy towers trained from scratch cannot, so the CPU recipe first
-  trains the reader on ``[CLS] sentence [SEP] rest of its block [SEP]`` pairs (the ICT
-  examples, the sentence usually cut out of the block) with ``mask_rate`` of the sentence's
-  wordpieces masked, at most ``max_masks``. ``null_block_rate`` of the inputs carry an empty
-  block (REALM's null block is 1 of 8 candidates).
-  """
-  model: ReaderConfig = dataclasses.field(default_factory=ReaderConfig)
-  vocab_file: str = ""
-  query_seq_length: int = QUERY_SEQ_LENGTH
-  block_seq_length: int = BLOCK_SEQ_LENGTH
-  mask_rate: float = 0.15
-  max_masks: int = 10
-  null_block_rate: float = 0.125
-  train_data: IctDataConfig = dataclasses.field(default_factory=IctDataConfig)
-  validation_data: IctDataConfig = dataclasses.field(
-      default_factory=lambda: IctDataConfig(is_training=False))
-
-
-@dataclasses.dataclass
 class ReaderReadTaskConfig(cfg.TaskConfig):
   """Reading warm start of the reader (toy-scale stand-in for BERT's ability to read).
 
@@ -166,12 +160,30 @@ class ReaderReadTaskConfig(cfg.TaskConfig):
   that holds the masked answer, on corpora other than the one REALM is trained and evaluated on
   (``tasks/reader_read.py``). ``train_data.input_path`` and ``train_data.blocks_dir`` are
   lists, one pre-training example pattern and one blocks directory per corpus.
+  ``distractors``: also read each sentence beside this many lexically close blocks that do not
+  hold its answer, and train the reader to predict as well from them as from the query alone
+  (0: the null and the reading block only).
   """
   model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
+  distractors: int = 0
   train_data: ReadingDataConfig = dataclasses.field(default_factory=ReadingDataConfig)
   validation_data: ReadingDataConfig = dataclasses.field(
       default_factory=lambda: ReadingDataConfig(is_training=False))
   init_checkpoint: str = ""
+
+
+@dataclasses.dataclass
+class HealthConfig(hyperparams.Config):
+  """Retrieval-health alarms (``realm_tf.health``): a training summary's signal beyond its
+  bound for ``patience`` summaries in a row, or a validation recall below ``recall_drop``
+  times its first (step-0) value, logs a warning and an ``alarm/<signal>`` summary."""
+  enabled: bool = True
+  max_entropy_ratio: float = 0.95
+  max_p_null: float = 0.9
+  max_cosine: float = 0.98
+  min_distinct_candidates: float = 0.1
+  recall_drop: float = 0.5
+  patience: int = 3
 
 
 @dataclasses.dataclass
@@ -198,6 +210,10 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
       sharded over the replicas and each step retrieves exactly with the current query tower
       (``retrieval.device_retrieval``); newer indexes are swapped in between training loops
       (``trainer.steps_per_loop``).
+    health: the retrieval-health alarms (``realm_tf.health``).
+    retriever_freeze_steps: the retriever (both towers) gets no gradient for the first N
+      steps, so the reader first learns to read the retriever's candidates (Atlas's
+      ``freeze_retriever_steps``); 0, the paper's recipe: both train from the first step.
 
   Validation (``validation_data``: held-out masked sentences) retrieves exactly, over the
   whole corpus embedded with the current block tower: it measures the model, not the
@@ -216,6 +232,8 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   qa_eval_path: str = ""
   qa_answer_type: str = ""
   retrieval: str = "host"
+  health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
+  retriever_freeze_steps: int = 0
 
 
 @dataclasses.dataclass
@@ -277,6 +295,7 @@ class OpenQaTaskConfig(cfg.TaskConfig):
   refresh_index: bool = True
   index_wait_seconds: float = 600.0
 
+
 def retriever_tiny() -> RetrieverConfig:
   """The toy retriever, without dropout.
 
@@ -286,23 +305,38 @@ def retriever_tiny() -> RetrieverConfig:
   log(128) from the first steps. Without dropout the same run learns (in-batch recall@1 0.94
   after 400 steps on the demo world). The paper's BERT-initialized towers keep dropout 0.1.
   """
-  return RetrieverConfig(encoder=bert_tiny(dropout_rate=0.0), query_seq_length=32,
-                         block_seq_length=64)
+  return RetrieverConfig(encoder=bert_tiny(dropout_rate=0.0), projection_dropout=0.0,
+                         query_seq_length=32, block_seq_length=64)
 
 
-def _adamw(learning_rate: float, train_steps: int, warmup_steps: int):
+def bert_warmup_steps(train_steps: int) -> int:
+  """The warm-up of BERT's ``create_optimizer`` as REALM and ORQA call it
+  (``realm/model.py``, ``orqa/models/*.py``): ``min(10000, max(100, train_steps // 10))``."""
+  return min(10000, max(100, int(train_steps) // 10))
+
+
+def _adamw(learning_rate: float, train_steps: int):
+  """BERT's optimizer as closely as Model Garden's ``adamw`` allows: weight decay 0.01 (not on
+  LayerNorm or biases), epsilon 1e-6, gradients clipped to global norm 1.0, linear warm-up
+  then linear decay to 0. Two differences stay: Model Garden's Adam corrects the moments' bias
+  and BERT's ``AdamWeightDecayOptimizer`` does not, so BERT's first updates are larger (by
+  ``(1 - 0.9^t) / sqrt(1 - 0.999^t)``: 3.2x at t = 100, 1.3x at t = 1000, ~1 after 3000); and
+  Model Garden's warm-up ramps to the decayed rate of its last step, BERT's to the peak rate
+  (then steps down to the decayed one: 10% lower when warm-up is a tenth of training).
+  ``warmup_steps`` and ``decay_steps`` are left unset here; ``load_experiment`` sets them
+  from the final ``train_steps`` (BERT's warm-up formula) unless a config file sets them."""
   return optimization.OptimizationConfig({
       "optimizer": {"type": "adamw", "adamw": {
-          "weight_decay_rate": 0.01,
+          "weight_decay_rate": 0.01, "epsilon": 1e-6, "gradient_clip_norm": 1.0,
           "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"]}},
       "learning_rate": {"type": "polynomial", "polynomial": {
-          "initial_learning_rate": learning_rate, "decay_steps": train_steps,
+          "initial_learning_rate": learning_rate, "decay_steps": None,
           "end_learning_rate": 0.0}},
-      "warmup": {"type": "linear", "linear": {"warmup_steps": warmup_steps}},
+      "warmup": {"type": "linear", "linear": {"warmup_steps": None}},
   })
 
 
-def _trainer(train_steps, learning_rate, warmup_steps, checkpoint_interval, summary_interval):
+def _trainer(train_steps, learning_rate, checkpoint_interval, summary_interval):
   """Orbit settings: one host round trip every ``summary_interval`` steps (``steps_per_loop``);
   a validation pass at every checkpoint."""
   return cfg.TrainerConfig(
@@ -313,7 +347,19 @@ def _trainer(train_steps, learning_rate, warmup_steps, checkpoint_interval, summ
       summary_interval=summary_interval,
       checkpoint_interval=checkpoint_interval,
       max_to_keep=5,
-      optimizer_config=_adamw(learning_rate, train_steps, warmup_steps))
+      optimizer_config=_adamw(learning_rate, train_steps))
+
+
+def resolve_schedule(params: cfg.ExperimentConfig) -> None:
+  """Sets the schedule's unset lengths from ``trainer.train_steps``: the polynomial decay runs
+  over all the steps and the warm-up is BERT's (``bert_warmup_steps``)."""
+  steps = params.trainer.train_steps
+  optimizer = params.trainer.optimizer_config
+  if optimizer.learning_rate.type == "polynomial":
+    if optimizer.learning_rate.polynomial.decay_steps is None:
+      optimizer.learning_rate.polynomial.decay_steps = steps
+  if optimizer.warmup.type == "linear" and optimizer.warmup.linear.warmup_steps is None:
+    optimizer.warmup.linear.warmup_steps = bert_warmup_steps(steps)
 
 
 def _runtime(scale: str) -> cfg.RuntimeConfig:
@@ -345,7 +391,7 @@ def realm_pretrain_paper() -> cfg.ExperimentConfig:
               retriever=RetrieverConfig(encoder=bert_base()),
               reader=ReaderConfig(encoder=bert_base())),
           train_data=MaskedLmDataConfig(global_batch_size=512)),
-      trainer=_trainer(200_000, 3e-5, 10_000, 500, 100),
+      trainer=_trainer(200_000, 3e-5, 500, 100),
       runtime=_runtime("paper"),
       restrictions=_RESTRICTIONS)
 
@@ -362,7 +408,7 @@ def realm_pretrain_cpu() -> cfg.ExperimentConfig:
           train_data=MaskedLmDataConfig(global_batch_size=16),
           validation_data=MaskedLmDataConfig(global_batch_size=32, is_training=False),
           index_wait_seconds=300.0),
-      trainer=_trainer(300, 3e-4, 30, 50, 10),
+      trainer=_trainer(300, 3e-4, 50, 10),
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
@@ -373,7 +419,7 @@ def ict_paper() -> cfg.ExperimentConfig:
   return cfg.ExperimentConfig(
       task=IctTaskConfig(model=RetrieverConfig(encoder=bert_base(), query_seq_length=64),
                          train_data=IctDataConfig(global_batch_size=4096)),
-      trainer=_trainer(100_000, 1e-4, 10_000, 1000, 100),
+      trainer=_trainer(100_000, 1e-4, 1000, 100),
       runtime=_runtime("paper"),
       restrictions=_RESTRICTIONS)
 
@@ -386,21 +432,7 @@ def ict_cpu() -> cfg.ExperimentConfig:
                          train_data=IctDataConfig(global_batch_size=128),
                          validation_data=IctDataConfig(global_batch_size=128,
                                                        is_training=False)),
-      trainer=_trainer(300, 5e-4, 30, 100, 10),
-      runtime=_runtime("cpu"),
-      restrictions=_RESTRICTIONS)
-
-
-@_register("reader_mlm_cpu")
-def reader_mlm_cpu() -> cfg.ExperimentConfig:
-  """Masked-LM warm start of the toy reader (the earlier stand-in; it did not teach reading)."""
-  return cfg.ExperimentConfig(
-      task=ReaderMlmTaskConfig(model=ReaderConfig(encoder=bert_tiny(), seq_length=96),
-                               query_seq_length=32, block_seq_length=64,
-                               train_data=IctDataConfig(global_batch_size=64),
-                               validation_data=IctDataConfig(global_batch_size=64,
-                                                             is_training=False)),
-      trainer=_trainer(500, 1e-3, 50, 500, 50),
+      trainer=_trainer(300, 5e-4, 100, 10),
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
@@ -414,7 +446,7 @@ def reader_read_cpu() -> cfg.ExperimentConfig:
                                  reader=ReaderConfig(encoder=bert_tiny(), seq_length=96)),
           train_data=ReadingDataConfig(global_batch_size=32),
           validation_data=ReadingDataConfig(global_batch_size=64, is_training=False)),
-      trainer=_trainer(3000, 1e-3, 100, 500, 100),
+      trainer=_trainer(3000, 1e-3, 500, 100),
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
@@ -422,11 +454,10 @@ def reader_read_cpu() -> cfg.ExperimentConfig:
 
 def _openqa_trainer(train_steps: int, learning_rate: float, checkpoint_interval: int,
                     summary_interval: int) -> cfg.TrainerConfig:
-  """ORQA's schedule (warm-up ``min(10000, max(100, steps / 10))``), dev validation at every
-  checkpoint, and the best checkpoint by dev ``exact_match`` kept in ``best_ckpt/`` (ORQA's
-  ``BestSavedModelAndCheckpointExporter`` on the same metric)."""
-  trainer = _trainer(train_steps, learning_rate, min(10000, max(100, train_steps // 10)),
-                     checkpoint_interval, summary_interval)
+  """ORQA's schedule (BERT's optimizer and warm-up, as every experiment), dev validation at
+  every checkpoint, and the best checkpoint by dev ``exact_match`` kept in ``best_ckpt/``
+  (ORQA's ``BestSavedModelAndCheckpointExporter`` on the same metric)."""
+  trainer = _trainer(train_steps, learning_rate, checkpoint_interval, summary_interval)
   trainer.best_checkpoint_export_subdir = "best_ckpt"
   trainer.best_checkpoint_eval_metric = "exact_match"
   trainer.best_checkpoint_metric_comp = "higher"
@@ -482,7 +513,7 @@ def openqa_cpu() -> cfg.ExperimentConfig:
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
-class ConfigError(ValueError):
+class ConfigError(errors.RealmError, ValueError):
   """An experiment name, YAML file or override that does not fit the config."""
 
 
@@ -512,6 +543,7 @@ def load_experiment(name: str,
     except (KeyError, ValueError) as e:
       raise ConfigError(f"bad --params_override {params_override!r}: "
                         f"{e.args[0] if e.args else e}") from None
+  resolve_schedule(params)
   params.validate()
   params.lock()
   return params

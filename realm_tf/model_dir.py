@@ -17,6 +17,7 @@ import tensorflow as tf
 from official.modeling import hyperparams
 
 from realm_tf import configs
+from realm_tf import errors
 from realm_tf import tokenization
 
 CONFIG_NAME = "model_config.yaml"
@@ -24,7 +25,7 @@ VOCAB_NAME = "vocab.txt"
 TRAINING_DONE = "TRAINING_DONE"
 
 
-class ModelDirError(ValueError):
+class ModelDirError(errors.RealmError, ValueError):
   """A model directory or checkpoint that is missing or does not fit."""
 
 

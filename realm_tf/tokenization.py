@@ -25,10 +25,12 @@ from typing import Dict, Iterable, List, Sequence
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from realm_tf import errors
+
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class VocabError(ValueError):
+class VocabError(errors.RealmError, ValueError):
   """A vocabulary file is missing or lacks a token REALM needs."""
 
 

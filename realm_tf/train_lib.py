@@ -11,7 +11,11 @@ for what REALM needs beyond it:
   from the initialized towers (REALM pre-training waits for that index);
 * ``TRAINING_DONE`` is written at the end, so that the refresher exits;
 * a task may define ``validation_begin(model)``, called at the start of each validation pass
-  (REALM embeds the corpus with the current block tower there);
+  (REALM embeds the corpus with the current block tower there), and ``check_health(phase,
+  step, logs)``, called with the logs of every training loop and validation pass, whose
+  returned values join those logs and their summaries (REALM's retrieval-health alarms);
+* a task with ``validate_at_start`` set is validated once before the first step in
+  ``train_and_eval`` (REALM: the step-0 values the health alarms compare against);
 * the last training logs gain ``examples_per_second`` and are returned with the eval logs.
 
 Everything else is Model Garden's: ``steps_per_loop`` host round trips, summaries under
@@ -60,14 +64,24 @@ class RealmTrainer(base_trainer.Trainer):
     seconds = max(time.time() - self._loop_start, 1e-9)
     logs["examples_per_second"] = (steps * self.config.task.train_data.global_batch_size /
                                    seconds)
+    logs.update(self._health("train", logs))
     self.last_train_logs = {k: float(v) for k, v in logs.items()}
     return logs
+
+  def _health(self, phase, logs):
+    check = getattr(self.task, "check_health", None)
+    return check(phase, int(self.global_step.numpy()), logs) if check is not None else {}
 
   def eval_begin(self):
     begin = getattr(self.task, "validation_begin", None)
     if begin is not None:
       begin(self.model)
     return super().eval_begin()
+
+  def eval_end(self, *args):
+    logs = super().eval_end(*args)
+    logs.update(self._health("validation", logs))
+    return logs
 
 
 class RealmExperimentRunner(mg_train_lib.OrbitExperimentRunner):
@@ -91,6 +105,9 @@ class RealmExperimentRunner(mg_train_lib.OrbitExperimentRunner):
       if mode == "train":
         self.controller.train(steps=params.trainer.train_steps)
       elif mode == "train_and_eval":
+        trainer = self.trainer
+        if getattr(trainer.task, "validate_at_start", False) and trainer.global_step == 0:
+          self.controller.evaluate(steps=params.trainer.validation_steps)
         logs = self.controller.train_and_evaluate(
             train_steps=params.trainer.train_steps,
             eval_steps=params.trainer.validation_steps,

@@ -1,4 +1,4 @@
-"""The compact block store against the dicts of contract.read_blocks and candidates.pack_blocks."""
+"""The compact block store against the dicts of manifests.read_blocks and candidates.pack_blocks."""
 
 import json
 import os
@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.retrieval import candidates
 from realm_tf.retrieval import testing
 from realm_tf import tokenization
@@ -27,25 +28,25 @@ def corpus():
   testing.make_corpus(blocks_dir, vocab, N, block_seq_length=24, num_shards=3, max_words=40)
   tokenizer = tokenization.RealmTokenizer(vocab)
   return dict(root=root, vocab=vocab, blocks_dir=blocks_dir, cls=tokenizer.cls_id,
-              sep=tokenizer.sep_id, blocks=contract.read_blocks(blocks_dir))
+              sep=tokenizer.sep_id, blocks=manifests.read_blocks(blocks_dir))
 
 
 def write_raw_blocks(blocks_dir, token_lists, uids=None, order=None, num_shards=2):
   """A blocks directory of the given token ids, shards holding the blocks in ``order``."""
   os.makedirs(blocks_dir, exist_ok=True)
   n = len(token_lists)
-  uids = uids or [contract.block_uid(f"t{i}", f"b{i}") for i in range(n)]
+  uids = uids or [features.block_uid(f"t{i}", f"b{i}") for i in range(n)]
   order = list(range(n)) if order is None else list(order)
   for shard in range(num_shards):
-    path = os.path.join(blocks_dir, contract.shard_name(contract.BLOCKS_PREFIX, shard,
-                                                        num_shards))
+    path = os.path.join(blocks_dir, manifests.shard_name(manifests.BLOCKS_PREFIX, shard,
+                                                         num_shards))
     with tf.io.TFRecordWriter(path) as writer:
       for i in order[shard::num_shards]:
-        writer.write(contract.serialize_block(i, uids[i], f"t{i}", f"body {i} é",
+        writer.write(features.serialize_block(i, uids[i], f"t{i}", f"body {i} é",
                                               token_lists[i]))
-  manifest = dict(num_blocks=n, fingerprint=contract.corpus_fingerprint(uids),
+  manifest = dict(num_blocks=n, fingerprint=manifests.corpus_fingerprint(uids),
                   num_shards=num_shards)
-  with open(os.path.join(blocks_dir, contract.MANIFEST), "w") as f:
+  with open(os.path.join(blocks_dir, manifests.MANIFEST), "w") as f:
     json.dump(manifest, f)
   return manifest
 
@@ -124,7 +125,7 @@ def test_shards_out_of_order_and_uint32_fallback(tmp_path):
   store = block_store.BlockStore.open(blocks_dir)
   assert store.path.startswith(os.path.join(blocks_dir, block_store.STORE_DIR))
   assert store.token_dtype == np.uint32
-  blocks = contract.read_blocks(blocks_dir)
+  blocks = manifests.read_blocks(blocks_dir)
   words, mask, types, bodies = reference(blocks, 12, 2, 3)
   got = store.gather_packed(np.arange(41), 12)
   np.testing.assert_array_equal(got["input_word_ids"], words)
@@ -142,10 +143,10 @@ def test_shards_out_of_order_and_uint32_fallback(tmp_path):
 def test_bad_fingerprint_is_an_error(tmp_path):
   blocks_dir = str(tmp_path / "blocks")
   write_raw_blocks(blocks_dir, [[2, 5, 3, 6, 3]] * 4)
-  manifest = json.load(open(os.path.join(blocks_dir, contract.MANIFEST)))
+  manifest = json.load(open(os.path.join(blocks_dir, manifests.MANIFEST)))
   manifest["fingerprint"] = "0" * 40
-  json.dump(manifest, open(os.path.join(blocks_dir, contract.MANIFEST), "w"))
-  with pytest.raises(contract.CorpusFormatError, match="fingerprint"):
+  json.dump(manifest, open(os.path.join(blocks_dir, manifests.MANIFEST), "w"))
+  with pytest.raises(manifests.CorpusFormatError, match="fingerprint"):
     block_store.BlockStore.open(blocks_dir)
   assert not [n for n in os.listdir(os.path.join(blocks_dir, block_store.STORE_DIR))]
 
@@ -160,12 +161,12 @@ def test_rebuilt_when_the_corpus_changes(tmp_path):
   mtime = os.path.getmtime(meta)
   assert block_store.BlockStore.open(blocks_dir).path == first.path and os.path.getmtime(
       meta) == mtime                                    # opened, not rebuilt
-  uids = [contract.block_uid(f"new {i}", "x") for i in range(5)]
+  uids = [features.block_uid(f"new {i}", "x") for i in range(5)]
   write_raw_blocks(blocks_dir, [[2, 7, 3, 8, 8, 3]] * 5, uids=uids)
   second = block_store.BlockStore.open(blocks_dir)
   assert second.path != first.path and len(second) == 5
   np.testing.assert_array_equal(second.tokens(4), [2, 7, 3, 8, 8, 3])
-  assert second.fingerprint == contract.corpus_fingerprint(uids)
+  assert second.fingerprint == manifests.corpus_fingerprint(uids)
   # The old store is gone; only the new one is left (no temporary directories).
   assert os.listdir(os.path.dirname(second.path)) == [os.path.basename(second.path)]
   # A store missing a file is not opened but rebuilt.

@@ -137,3 +137,57 @@ class ModelingTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
   tf.test.main()
+
+
+class FaithfulTrainingTest(tf.test.TestCase, parameterized.TestCase):
+  """The original code's optimizer, warm-up and retriever dropout."""
+
+  @parameterized.parameters(*EXPERIMENTS)
+  def test_bert_warmup_for_every_experiment(self, name):
+    """BERT's create_optimizer as REALM and ORQA call it: min(10000, max(100, steps / 10))
+    warm-up steps, over the final train_steps (after overrides); decay over all of them."""
+    for steps in (50, 500, 6000, 150_000):
+      params = configs.load_experiment(name, params_override=f"trainer.train_steps={steps}")
+      optimizer = params.trainer.optimizer_config
+      self.assertEqual(optimizer.warmup.linear.warmup_steps, min(10000, max(100, steps // 10)))
+      self.assertEqual(optimizer.learning_rate.polynomial.decay_steps, steps)
+    # A warm-up set explicitly stays.
+    params = configs.load_experiment(
+        name, params_override="trainer.optimizer_config.warmup.linear.warmup_steps=7")
+    self.assertEqual(params.trainer.optimizer_config.warmup.linear.warmup_steps, 7)
+
+  def test_optimizer_as_bert(self):
+    """AdamW with BERT's epsilon 1e-6, weight decay 0.01 (not on LayerNorm or biases) and
+    gradients clipped to global norm 1.0; the schedule warms up linearly, then decays."""
+    from official.modeling import optimization  # pylint: disable=g-import-not-at-top
+    params = configs.load_experiment("realm_pretrain_cpu",
+                                     params_override="trainer.train_steps=1000")
+    factory = optimization.OptimizerFactory(params.trainer.optimizer_config)
+    lr = factory.build_learning_rate()
+    optimizer = factory.build_optimizer(lr)
+    self.assertEqual(optimizer.epsilon, 1e-6)
+    self.assertEqual(optimizer.gradient_clip_norm, 1.0)
+    self.assertEqual(optimizer.weight_decay_rate, 0.01)
+    peak = params.trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate
+    # Model Garden's warm-up ramps to the decayed rate of its last step (BERT's to the peak).
+    self.assertAllClose([lr(0), lr(50), lr(100), lr(550), lr(1000)],
+                        [0.0, peak * 0.9 * 0.5, peak * 0.9, peak * 0.45, 0.0], rtol=1e-5)
+
+  def test_projection_dropout(self):
+    """ORQA's retriever module: dropout 0.1 on the embedding after its LayerNorm, in training
+    only (the paper's towers; the toy towers have none, NOTES section 3)."""
+    self.assertEqual(configs.RetrieverConfig().projection_dropout, 0.1)
+    self.assertEqual(configs.load_experiment(
+        "realm_pretrain_paper").task.model.retriever.projection_dropout, 0.1)
+    self.assertEqual(configs.retriever_tiny().projection_dropout, 0.0)
+    config = configs.RetrieverConfig(encoder=configs.bert_tiny(60, 16, dropout_rate=0.0),
+                                     projection_size=64, projection_dropout=0.5)
+    embedder = modeling.build_embedder(config)
+    x = tiny_inputs()
+    normalized = embedder.layer_norm(embedder.projection(
+        embedder.encoder(x, training=False)["pooled_output"]))
+    self.assertAllClose(embedder(x, training=False), normalized)
+    dropped = embedder(x, training=True).numpy()
+    zero = dropped == 0
+    self.assertBetween(zero.mean(), 0.3, 0.7)
+    self.assertAllClose(dropped[~zero], normalized.numpy()[~zero] / 0.5, rtol=1e-5)

@@ -26,7 +26,7 @@ def test_convert_shared_data(tmp_path):
   nq = json.loads(open(tmp_path / "nq-test.jsonl", encoding="utf-8").readline())
   assert nq["answer_type"] == "text" and isinstance(nq["answers"], list)
   dev = [json.loads(l)["question"] for l in open(tmp_path / "wq-dev.jsonl", encoding="utf-8")]
-  assert all(open_qa.is_dev_question(q) for q in dev)
+  assert all(open_qa.dev_mask(dev))
   manifest = json.loads((tmp_path / "qa_manifest.json").read_text(encoding="utf-8"))
   assert manifest["skipped"] and not any(manifest["skipped"].values())  # Nothing skipped.
 

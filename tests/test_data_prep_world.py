@@ -15,8 +15,9 @@ from data_prep import pipeline
 from data_prep import salient_spans
 from data_prep import synthetic_world
 from realm_tf import configs
-from realm_tf.data import contract
+from realm_tf.data import features
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.tokenization import RealmTokenizer
 
 BERT_VOCAB = str(assets.BERT_VOCAB)
@@ -163,7 +164,7 @@ def prepared(tmp_path_factory):
 def test_prepare_all_outputs(prepared):
   world, paths, out = prepared
   dirs = out["dirs"]
-  blocks = contract.read_blocks(dirs["blocks"])
+  blocks = manifests.read_blocks(dirs["blocks"])
   assert len(blocks) == len(world.articles) == out["blocks"]["num_blocks"]
   fp = out["blocks"]["fingerprint"]
   assert out["sentences"]["blocks_fingerprint"] == fp
@@ -171,13 +172,13 @@ def test_prepare_all_outputs(prepared):
   by_id = {b["block_id"]: b for b in blocks}
   tok = RealmTokenizer(paths["vocab"])
   names = {p["pattern"] for p in world.patterns}
-  sentences = list(contract.read_sentences(dirs["sentences"]))
+  sentences = list(manifests.read_sentences(dirs["sentences"]))
   for s in sentences:
     body = by_id[s["block_id"]]["body"].encode("utf-8")
     assert body[s["sentence_byte_start"]:s["sentence_byte_limit"]].decode() == s["sentence"]
     for sp in s["spans"]:
       assert 0 <= sp["span_byte_start"] < sp["span_byte_limit"] <= len(s["sentence"].encode())
-  examples = contract.read_examples(dirs["pretrain"], "train") + contract.read_examples(
+  examples = manifests.read_examples(dirs["pretrain"], "train") + manifests.read_examples(
       dirs["pretrain"], "eval")
   assert len(examples) == out["pretrain"]["num_train"] + out["pretrain"]["num_eval"]
   assert out["pretrain"]["num_eval"] > 0
@@ -192,8 +193,8 @@ def test_prepare_all_outputs(prepared):
     answer_ids = tok.tokenize([answer])[0].numpy().tolist()
     assert n == min(len(answer_ids), 10) and ex["mlm_ids"][:n] == answer_ids[:n]
     assert [ex["query_ids"][p] for p in ex["mlm_positions"][:n]] == [tok.mask_id] * n
-  ds = contract.make_dataset(dirs["pretrain"], "train", contract.parse_pretrain_example,
-                             with_host_features=False).batch(4)
+  ds = tf.data.TFRecordDataset(manifests.example_files(dirs["pretrain"], "train")).map(
+      lambda s: features.parse_pretrain_example(s, with_host_features=False)).batch(4)
   batch = next(iter(ds))
   assert batch["query_ids"].dtype == tf.int32 and batch["query_ids"].shape == (4, 96)
   assert batch["mlm_positions"].shape == (4, 10) and batch["mlm_weights"].dtype == tf.float32
@@ -203,7 +204,7 @@ def test_ict_outputs(prepared):
   _, paths, out = prepared
   ict_dir, manifest = out["dirs"]["ict"], out["ict"]
   tok = RealmTokenizer(paths["vocab"])
-  assert manifest["sampling"] == contract.ICT_SAMPLING == contract.load_ict_manifest(
+  assert manifest["sampling"] == manifests.ICT_SAMPLING == manifests.load_ict_manifest(
       ict_dir)["sampling"]
   assert (manifest["cls_id"], manifest["sep_id"], manifest["remove_prob"]) == (
       tok.cls_id, tok.sep_id, 0.9)
@@ -214,8 +215,8 @@ def test_ict_outputs(prepared):
       "skip:single_sentence_block", 0) == out["blocks"]["num_blocks"]
   # Tokenizing sentence by sentence gives the body's wordpieces (whitespace between them).
   assert counts.get("sentence_tokens_differ", 0) == 0 and "skip:sentence_past_block" not in counts
-  by_id = {b["block_id"]: b for b in contract.read_blocks(out["dirs"]["blocks"])}
-  records = contract.read_examples(ict_dir, "train") + contract.read_examples(ict_dir, "eval")
+  by_id = {b["block_id"]: b for b in manifests.read_blocks(out["dirs"]["blocks"])}
+  records = manifests.read_examples(ict_dir, "train") + manifests.read_examples(ict_dir, "eval")
   assert len(records) == manifest["num_train"] + manifest["num_eval"]
   assert sum(len(r["sentence_lengths"]) for r in records) == manifest["num_sentences"]
   for r in records:

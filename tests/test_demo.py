@@ -13,7 +13,7 @@ import pytest
 
 from experiments import demo
 from realm_tf import configs
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tasks import realm_pretrain
 
@@ -31,7 +31,7 @@ def test_demo_data_and_stage_experiments(demo_world, tmp_path):
   experiments (the __demo.yaml files with the overrides the demo builds) fit that data."""
   files, prepared = demo_world["files"], demo_world["prepared"]
   dirs, vocab = prepared["dirs"], files["vocab"]
-  blocks = contract.load_blocks_manifest(dirs["blocks"])
+  blocks = manifests.load_blocks_manifest(dirs["blocks"])
   assert blocks["num_blocks"] >= len(demo_world["world"].articles) > 0
   assert blocks["block_seq_length"] == 32
   pretrain = prepared["pretrain"]
@@ -40,7 +40,7 @@ def test_demo_data_and_stage_experiments(demo_world, tmp_path):
   for name in ("sentences", "pretrain", "ict"):
     assert prepared[name]["blocks_fingerprint"] == blocks["fingerprint"], name
   [reading] = demo_world["reading"]
-  reading_blocks = contract.load_blocks_manifest(reading["blocks"])
+  reading_blocks = manifests.load_blocks_manifest(reading["blocks"])
   assert reading_blocks["vocab_sha1"] == blocks["vocab_sha1"]
   assert reading_blocks["fingerprint"] != blocks["fingerprint"]
   assert _manifest(reading["pretrain"])["num_train"] > 0

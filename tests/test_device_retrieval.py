@@ -10,7 +10,7 @@ from data_prep import blocks as blocks_pipeline
 from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data.loaders import InputError
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.retrieval import candidates
@@ -19,7 +19,7 @@ from realm_tf.retrieval import testing
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
-COMPARED = realm_pretrain.DEVICE_FEATURES + ("candidate_rows",)
+COMPARED = realm_pretrain.DEVICE_FEATURES
 
 
 class ExactHandle:
@@ -79,7 +79,7 @@ def demo(tmp_path_factory):
   config = config.replace(reader=config.reader.replace(seq_length=40))
   tokenizer = RealmTokenizer(files["vocab"])
   store = block_store.BlockStore.open(blocks_dir, store_dir=str(root / "store"))
-  blocks = contract.read_blocks(blocks_dir)
+  blocks = manifests.read_blocks(blocks_dir)
   model = perturbed(config)
   packed = candidates.pack_blocks(blocks, config.retriever.block_seq_length, tokenizer.cls_id,
                                   tokenizer.sep_id)
@@ -160,12 +160,30 @@ def test_mirrored_strategy_shards_the_corpus_and_matches_one_device():
   want = single.features({k: tf.constant(v) for k, v in inputs.items()}, model.query_embedder)
   builder = candidates.CandidateBuilder(blocks, config, ExactHandle(emb, step=3), 2, 3)
   builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
-  host = builder.features(dict(examples, source_uid=np.array([b["uid"] for b in (
-      blocks[s] for s in examples["source_block_id"])])))
+  host_uids = np.array([blocks[s]["uid"] for s in examples["source_block_id"]])
+  host = builder.features(dict(examples, source_uid=host_uids))
   for key in COMPARED:
     np.testing.assert_array_equal(np.asarray(want[key]), host[key], err_msg=key)
   for i in (0, 1, 3):   # sources with the shared uid: none of rows 0, 5, 9
     assert not set(host["candidate_rows"][i]) & {0, 5, 9}
+  # Rows 0, 5 and 9 made every query's best match: the examples from other sources retrieve
+  # two of them and are skipped, as REALM's example generator skips them, on both paths
+  # (mask weights zeroed, counted in skipped_duplicates).
+  q = model.query_embedder({k.replace("query", "input"): inputs[k] for k in
+                            ("query_word_ids", "query_mask", "query_type_ids")}).numpy()
+  dup_emb = emb.copy()
+  dup_emb[[0, 5, 9]] = 100.0 * q.mean(0)
+  single.load(dup_emb, step=3)
+  builder.handle = ExactHandle(dup_emb, step=3)
+  dup_host = builder.features(dict(examples, source_uid=host_uids))
+  dup_device = single.features({k: tf.constant(v) for k, v in inputs.items()},
+                               model.query_embedder)
+  assert dup_host["skipped_duplicates"].tolist() == [0, 0, 1, 0, 1, 1]   # sources 1, 2, 3
+  for key in ("skipped_duplicates", "mlm_weights", "candidate_rows"):
+    np.testing.assert_array_equal(np.asarray(dup_device[key]), dup_host[key], err_msg=key)
+  assert not dup_host["mlm_weights"][[2, 4, 5]].any()
+  assert dup_host["mlm_weights"][[0, 1, 3]].any()
+  single.load(emb, step=3)
 
   strategy = testing.two_cpu_strategy()
   with strategy.scope():

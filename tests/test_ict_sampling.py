@@ -12,9 +12,9 @@ import tensorflow as tf
 from experiments import assets
 from data_prep import ict_examples
 from realm_tf import configs
-from realm_tf.data import contract
+from realm_tf.data import features
 from realm_tf.data import loaders
-from realm_tf.tasks import reader_mlm
+from realm_tf.data import manifests
 from realm_tf.tokenization import RealmTokenizer
 
 VOCAB = str(assets.BERT_VOCAB)
@@ -38,13 +38,13 @@ def ids(tok, texts):
 def write_ict_dir(directory, records, remove_prob=0.9, **manifest):
   """An ICT examples directory in the sampled format, with ``records`` in its train split."""
   os.makedirs(directory)
-  path = contract.shard_name(os.path.join(directory, contract.TRAIN_SPLIT), 0, 1)
+  path = manifests.shard_name(os.path.join(directory, manifests.TRAIN_SPLIT), 0, 1)
   with tf.io.TFRecordWriter(path) as writer:
     for record in records:
       writer.write(record)
-  manifest = dict({"kind": "ict", "sampling": contract.ICT_SAMPLING, "num_train": len(records),
+  manifest = dict({"kind": "ict", "sampling": manifests.ICT_SAMPLING, "num_train": len(records),
                    "remove_prob": remove_prob, "cls_id": 101, "sep_id": 102}, **manifest)
-  with open(os.path.join(directory, contract.MANIFEST), "w") as f:
+  with open(os.path.join(directory, manifests.MANIFEST), "w") as f:
     json.dump(manifest, f)
   return os.path.join(directory, "train-*")
 
@@ -84,7 +84,7 @@ def test_sampled_pairs_match_a_direct_construction(tok, tmp_path):
   blocks = {3: (ids(tok, [TITLE])[0], ids(tok, SENTENCES)),
             8: (ids(tok, [OTHER_TITLE])[0], ids(tok, OTHER))}
   path = write_ict_dir(str(tmp_path / "ict"), [
-      contract.serialize_ict_block(i, t, s) for i, (t, s) in blocks.items()])
+      features.serialize_ict_block(i, t, s) for i, (t, s) in blocks.items()])
   qlen, blen, batch, seed = 8, 24, 4, 7
   loader = loaders.get_loader(ict_data(path, batch, True, seed), query_seq_length=qlen,
                               block_seq_length=blen)
@@ -109,12 +109,12 @@ def test_sampled_pairs_match_a_direct_construction(tok, tmp_path):
 def test_layout_is_the_tokenizers(tok):
   """Left in place, the block is ``block_inputs`` of the body; the query ``query_inputs``."""
   title, sentences = ids(tok, [TITLE])[0], ids(tok, SENTENCES)
-  parsed = contract.parse_ict_example(tf.constant(
-      [contract.serialize_ict_block(0, title, sentences)] * 6))
+  parsed = features.parse_ict_example(tf.constant(
+      [features.serialize_ict_block(0, title, sentences)] * 6))
   for blen in (12, 64):
-    got = contract.sample_ict_examples(parsed, [1, 2], 10, blen, 0.0, tok.cls_id, tok.sep_id)
+    got = features.sample_ict_examples(parsed, [1, 2], 10, blen, 0.0, tok.cls_id, tok.sep_id)
     want = tok.block_inputs([TITLE], [" ".join(SENTENCES)], blen)
-    index, _ = contract.ict_draws(parsed["sentences"].row_lengths(), [1, 2], 0.0)
+    index, _ = features.ict_draws(parsed["sentences"].row_lengths(), [1, 2], 0.0)
     for row in range(6):
       assert got["block_ids"][row].numpy().tolist() == want["input_word_ids"][0].numpy().tolist()
       assert got["block_type_ids"][row].numpy().tolist() == (
@@ -128,7 +128,7 @@ def test_layout_is_the_tokenizers(tok):
 def test_many_reads_draw_each_sentence_and_the_coin(tok, tmp_path):
   sentences = ids(tok, SENTENCES)
   path = write_ict_dir(str(tmp_path / "ict"), [
-      contract.serialize_ict_block(5, ids(tok, [TITLE])[0], sentences)])
+      features.serialize_ict_block(5, ids(tok, [TITLE])[0], sentences)])
   loader = loaders.get_loader(ict_data(path, 30, True, seed=0), query_seq_length=32,
                               block_seq_length=96)
   by_query = {tuple([101] + s + [102]): i for i, s in enumerate(sentences)}
@@ -151,10 +151,10 @@ def test_many_reads_draw_each_sentence_and_the_coin(tok, tmp_path):
 
 def test_long_sentence_is_cut_to_the_query_length(tok):
   long = [2000 + i for i in range(100)]
-  parsed = contract.parse_ict_example(tf.constant(
-      [contract.serialize_ict_block(1, [7592], [long, [2003, 1012]])] * 40))
-  got = contract.sample_ict_examples(parsed, [3, 4], 64, 288, 0.9, tok.cls_id, tok.sep_id)
-  index, _ = contract.ict_draws(parsed["sentences"].row_lengths(), [3, 4], 0.9)
+  parsed = features.parse_ict_example(tf.constant(
+      [features.serialize_ict_block(1, [7592], [long, [2003, 1012]])] * 40))
+  got = features.sample_ict_examples(parsed, [3, 4], 64, 288, 0.9, tok.cls_id, tok.sep_id)
+  index, _ = features.ict_draws(parsed["sentences"].row_lengths(), [3, 4], 0.9)
   rows = np.flatnonzero(index.numpy() == 0)
   assert rows.size  # The long sentence was drawn.
   for row in rows:
@@ -163,7 +163,7 @@ def test_long_sentence_is_cut_to_the_query_length(tok):
 
 
 def test_validation_draws_the_same_pairs_at_every_pass(tok, tmp_path):
-  records = [contract.serialize_ict_block(i, ids(tok, [TITLE])[0], ids(tok, SENTENCES))
+  records = [features.serialize_ict_block(i, ids(tok, [TITLE])[0], ids(tok, SENTENCES))
              for i in range(7)]
   path = write_ict_dir(str(tmp_path / "ict"), records)
 
@@ -184,7 +184,7 @@ def test_validation_draws_the_same_pairs_at_every_pass(tok, tmp_path):
 def test_old_format_directories_are_refused(tmp_path):
   old = str(tmp_path / "old_ict")
   path = write_ict_dir(old, [b"x"])
-  with open(os.path.join(old, contract.MANIFEST), "w") as f:  # The fixed pairs' manifest.
+  with open(os.path.join(old, manifests.MANIFEST), "w") as f:  # The fixed pairs' manifest.
     json.dump({"kind": "ict", "num_train": 1, "num_eval": 0, "num_sentence_removed": 1,
                "remove_prob": 0.9, "query_seq_length": 96, "block_seq_length": 288}, f)
   with pytest.raises(loaders.InputError) as error:
@@ -195,7 +195,7 @@ def test_old_format_directories_are_refused(tmp_path):
 
 
 def test_remove_prob_comes_from_the_manifest_unless_given(tok, tmp_path):
-  record = contract.serialize_ict_block(0, [7592], [[2003], [2004], [2005]])
+  record = features.serialize_ict_block(0, [7592], [[2003], [2004], [2005]])
   path = write_ict_dir(str(tmp_path / "ict"), [record], remove_prob=0.0)
   data = ict_data(path, 40, True, seed=1)
   kept = loaders.get_loader(data, query_seq_length=8, block_seq_length=16)
@@ -213,25 +213,34 @@ def test_block_sentences_keeps_what_the_block_can_show():
   assert ict_examples.block_sentences(title, [[9], [8]], 288) == ([[9], [8]], 0)
 
 
-def test_reader_mlm_reads_the_sampled_pairs(tok, tmp_path):
-  title, sentences = ids(tok, [TITLE])[0], ids(tok, SENTENCES)
+def test_query_mask_prob_masks_one_span_of_the_sentence(tok, tmp_path):
+  """With query_mask_prob, a share of the queries get one span of 1..query_mask_span
+  wordpieces inside the sentence replaced by [MASK] (REALM's query shape); the rest of each
+  pair is the unmasked sampler's, and prob 0 is ORQA's ICT unchanged."""
+  blocks = {3: (ids(tok, [TITLE])[0], ids(tok, SENTENCES)),
+            8: (ids(tok, [OTHER_TITLE])[0], ids(tok, OTHER))}
   path = write_ict_dir(str(tmp_path / "ict"), [
-      contract.serialize_ict_block(i, title, sentences) for i in range(4)],
-      cls_id=tok.cls_id, sep_id=tok.sep_id)
-  task = reader_mlm.ReaderMlmTask(configs.ReaderMlmTaskConfig(
-      model=configs.ReaderConfig(encoder=configs.bert_tiny(tok.vocab_size, 16), seq_length=48),
-      vocab_file=VOCAB, query_seq_length=16, block_seq_length=32, null_block_rate=0.0))
-  data = ict_data(path, 4, False)
-  got = next(iter(task.build_inputs(data)))
-  pairs = next(iter(loaders.get_loader(data, query_seq_length=16,
-                                       block_seq_length=32).load()))
-  for row in range(4):
-    word_ids = got["input_word_ids"][row].numpy().copy()
-    weights = got["masked_lm_weights"][row].numpy() > 0
-    word_ids[got["masked_lm_positions"][row].numpy()[weights]] = (
-        got["masked_lm_ids"][row].numpy()[weights])
-    query = pairs["query_ids"][row].numpy()[pairs["query_mask"][row].numpy() > 0].tolist()
-    block = pairs["block_ids"][row].numpy()
-    body = block[pairs["block_type_ids"][row].numpy() > 0].tolist()  # context [SEP]
-    want = query + body  # At most 16 + 29 wordpieces: nothing cut.
-    assert word_ids[:len(want)].tolist() == want and not word_ids[len(want):].any()
+      features.serialize_ict_block(i, t, s) for i, (t, s) in blocks.items()])
+
+  def reads(prob, mask_id=tok.mask_id):
+    params = ict_data(path, 4, True, seed=3)
+    params.query_mask_prob, params.query_mask_span = prob, 2
+    loader = loaders.get_loader(params, query_seq_length=12, block_seq_length=24,
+                                mask_id=mask_id)
+    return [{k: v.numpy() for k, v in b.items()} for b in loader.load().take(50)]
+
+  plain, masked = reads(0.0), reads(0.5)
+  spans = 0
+  for a, b in zip(plain, masked):
+    for key in ("query_mask", "block_ids", "block_mask", "block_type_ids", "block_id"):
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    for q, m, mask in zip(a["query_ids"], b["query_ids"], a["query_mask"]):
+      changed = np.flatnonzero(q != m)
+      if changed.size:
+        spans += 1
+        assert (m[changed] == tok.mask_id).all() and changed.size <= 2
+        assert (np.diff(changed) == 1).all()                          # one contiguous span
+        assert changed[0] >= 1 and changed[-1] <= mask.sum() - 2      # inside the sentence
+  assert 0.35 < spans / 200 < 0.65
+  with pytest.raises(loaders.InputError, match=r"needs the vocabulary's \[MASK\] id"):
+    reads(0.5, mask_id=None)

@@ -10,7 +10,7 @@ import tensorflow as tf
 from experiments import assets
 from data_prep import pretrain_examples
 from realm_tf import configs
-from realm_tf.data import contract
+from realm_tf.data import features
 from realm_tf.data import loaders
 from realm_tf.tokenization import RealmTokenizer
 
@@ -85,7 +85,7 @@ def test_every_usable_salient_span_is_a_variant(tokenizer, files):
   assert {tuple(v.mlm_ids) for v in variants} == span_ids and len(variants) == 3
   assert {v.answer for v in variants} == set(SPANS)
   assert files["fixed"] in variants
-  ex = contract.example_to_dict(tf.train.Example.FromString(
+  ex = features.example_to_dict(tf.train.Example.FromString(
       next(iter(tf.data.TFRecordDataset(files["new"]))).numpy()))
   assert ex["num_variants"] == [3]
   sent_ids = [tokenizer.cls_id] + _ids(tokenizer, SENTENCE) + [tokenizer.sep_id]
@@ -103,11 +103,11 @@ def test_every_usable_salient_span_is_a_variant(tokenizer, files):
     decoded.add(tuple(ids))
   assert decoded == span_ids
   # The fixed features are what to_example writes without variants.
-  plain = contract.example_to_dict(tf.train.Example.FromString(pretrain_examples.to_example(
+  plain = features.example_to_dict(tf.train.Example.FromString(pretrain_examples.to_example(
       files["fixed"], files["record"], QLEN, MAX_MASKS)))
   assert {k: v for k, v in ex.items() if k in plain} == plain
   assert set(ex) - set(plain) == {"num_variants"} | {
-      "variant_" + n for n in contract.PRETRAIN_VARIANT_FIELDS}
+      "variant_" + n for n in features.PRETRAIN_VARIANT_FIELDS}
 
 
 def test_training_reads_draw_every_variant_uniformly_and_reproducibly(tokenizer, files):
@@ -147,11 +147,11 @@ def test_validation_and_no_resampling_read_the_fixed_variant(tokenizer, files):
   everything = loaders.MaskedExamplesLoader(params, QLEN, MAX_MASKS).read_all()
   q = files["fixed"]
   assert everything["query_ids"].tolist() == [q.query_ids + [0] * (QLEN - len(q.query_ids))]
-  assert set(everything) == set(contract.pretrain_features(QLEN, MAX_MASKS))
+  assert set(everything) == set(features.pretrain_features(QLEN, MAX_MASKS))
 
 
 def test_old_format_records_load_in_training(tokenizer, files):
-  old = contract.example_to_dict(tf.train.Example.FromString(
+  old = features.example_to_dict(tf.train.Example.FromString(
       next(iter(tf.data.TFRecordDataset(files["old"]))).numpy()))
   assert "num_variants" not in old
   _, batches = _reads(files["old"], 2)
@@ -182,7 +182,7 @@ def test_random_span_and_uniform_write_independent_draws(tokenizer):
     fewer = pretrain_examples.ExampleBuilder(tokenizer, kind, QLEN, MAX_MASKS,
                                              examples_per_sentence=2, variants_per_sentence=1)
     assert fewer.build([record])[0] == [(record, q) for q in fixed]
-    ex = contract.parse_pretrain_example(
+    ex = features.parse_pretrain_example(
         tf.constant([pretrain_examples.to_example(fixed[0], record, QLEN, MAX_MASKS, variants)]),
         QLEN, MAX_MASKS, with_variants=True)
     assert ex["num_variants"].numpy().tolist() == [5]

@@ -20,11 +20,13 @@ import realm_tf
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.modeling import factory
 from realm_tf.modeling.models import OpenQaModel, tower_inputs
+from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict as predict_lib
+from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
@@ -273,7 +275,7 @@ def test_builder_features(tiny):
       assert got == want[:MAX_GOLD], (b, r)
       text = builder.block_texts([want_beam[b, r]])[0]
       for s, e in got:
-        assert openqa_task.span_text(text, s - offset, e - offset).lower() in [
+        assert predict_lib.span_text(text, s - offset, e - offset).lower() in [
             a.lower() for a in q.answers]
   # Question 0 reads blocks 6 (answer past the cut), 5 (five occurrences) and 3 (lower case:
   # not a correct block, but its wordpieces are those of the answer, as in ORQA).
@@ -307,7 +309,7 @@ def test_builder_features(tiny):
 
 def _span_reference(model, features):
   """NumPy span logits from the reader's sequence output and the span scorer's weights."""
-  feats = _tensors(features, openqa_task.MODEL_FEATURES)
+  feats = _tensors(features, host.MODEL_FEATURES)
   sequence = model.reader(tower_inputs(feats, "reader"), training=False)["sequence_output"]
   sequence = sequence.numpy().astype(np.float64)                          # [b*R, L, H]
   scorer = model.reader.span_scorer
@@ -340,7 +342,7 @@ def _span_reference(model, features):
 
 def test_model_span_logits_match_numpy(tiny):
   model, f = tiny["model"], tiny["features"]
-  out = model(_tensors(f, openqa_task.MODEL_FEATURES), training=False)
+  out = model(_tensors(f, host.MODEL_FEATURES), training=False)
   ref = _span_reference(model, f)
   np.testing.assert_allclose(out["retriever_logits"], ref["retriever"], rtol=1e-5, atol=1e-5)
   b = len(QUESTIONS)
@@ -366,7 +368,7 @@ def test_model_span_logits_match_numpy(tiny):
   r = 1
   changed = dict(f, beam_emb=f["beam_emb"].copy())
   changed["beam_emb"][:, r] += np.random.default_rng(5).normal(size=[b, DIM]).astype(np.float32)
-  out2 = model(_tensors(changed, openqa_task.MODEL_FEATURES), training=False)
+  out2 = model(_tensors(changed, host.MODEL_FEATURES), training=False)
   delta = (out2["retriever_logits"] - out["retriever_logits"]).numpy()
   moved = changed["beam_emb"][:, r] - f["beam_emb"][:, r]
   np.testing.assert_allclose(delta[:, r], np.einsum("bd,bd->b", ref["query"], moved),
@@ -380,7 +382,7 @@ def test_model_span_logits_match_numpy(tiny):
 
 
 def test_model_compiles_with_xla(tiny):
-  model, feats = tiny["model"], _tensors(tiny["features"], openqa_task.MODEL_FEATURES)
+  model, feats = tiny["model"], _tensors(tiny["features"], host.MODEL_FEATURES)
   eager = model(feats, training=False)
   xla = tf.function(lambda f: model(f, training=False), jit_compile=True)(feats)
   assert set(eager) == set(xla)
@@ -493,8 +495,8 @@ def test_official_exact_match_from_wordpiece_positions(tiny):
   logs = task.reduce_aggregated_logs(state)
   assert logs == {"official_exact_match": 0.75, "questions": 4.0}
   block = tiny["builder"].block_texts([2])[0]
-  assert openqa_task.span_text(block, 8, 10) == "the river Thames"
-  assert openqa_task.span_text(block, 10, 12) == ""          # past the block: no answer
+  assert predict_lib.span_text(block, 8, 10) == "the river Thames"
+  assert predict_lib.span_text(block, 10, 12) == ""          # past the block: no answer
 
   # The validation step itself: its predictions are the global argmax, as block ids.
   model, f = tiny["model"], tiny["features"]
@@ -641,7 +643,7 @@ def test_end_to_end_train_eval_and_answer(trained):
   # Answers with evidence, from the best checkpoint by default.
   qa = realm_tf.OpenQA.load(model_dir, t["index_dir"])
   assert qa.checkpoint.startswith(os.path.join(model_dir, "best_ckpt"))
-  fields = contract.read_block_fields(t["blocks_dir"], fields=("title", "body"))
+  fields = manifests.read_blocks(t["blocks_dir"])   # sorted by block_id
   asked = [d["question"] for d in _read_qa(t["files"]["qa_test"])][:4] + ["who is Zanzibar?"]
   answers = qa.answer(asked, batch_size=2)
   assert [a.question for a in answers] == asked
@@ -672,9 +674,9 @@ def test_bad_inputs(trained, tmp_path):
   # An index with the blocks of another corpus.
   other = str(tmp_path / "other_blocks")
   testing.make_corpus(other, t["vocab"], 12, block_seq_length=48)
-  with pytest.raises(contract.DataError) as e:
-    openqa_task.open_index(t["index_dir"], other)
+  with pytest.raises(manifests.DataError) as e:
+    host.open_index(t["index_dir"], other)
   assert other in str(e.value) and t["index_dir"] in str(e.value)
   assert "another corpus" in str(e.value)
-  with pytest.raises(contract.DataError, match="LATEST"):
-    openqa_task.open_index(str(tmp_path / "no_index"))
+  with pytest.raises(errors.IndexNotReadyError, match="realm-index build"):
+    host.open_index(str(tmp_path / "no_index"))

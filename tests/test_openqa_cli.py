@@ -20,7 +20,7 @@ from data_prep import synthetic_world
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import predict
@@ -75,7 +75,7 @@ def world(tmp_path_factory):
     f.write("".join(f"##{d}\n" for d in range(10)))
   tokenizer = tokenization.RealmTokenizer(vocab)
   blocks = str(root / "blocks")
-  contract.write_blocks(blocks, titles, bodies, tokenizer, block_seq_length=32)
+  manifests.write_blocks(blocks, titles, bodies, tokenizer, block_seq_length=32)
   model, index = str(root / "model"), str(root / "index")
   _make_model(model, vocab)
   _make_index(model, blocks, index)
@@ -198,8 +198,8 @@ def squad_world(tmp_path_factory):
   titles, bodies = titles[:300], bodies[:300]
   vocab = str(BERT_VOCAB)
   blocks = str(root / "blocks")
-  contract.write_blocks(blocks, titles, bodies, tokenization.RealmTokenizer(vocab),
-                        block_seq_length=64)
+  manifests.write_blocks(blocks, titles, bodies, tokenization.RealmTokenizer(vocab),
+                         block_seq_length=64)
   model, index = str(root / "model"), str(root / "index")
   _make_model(model, vocab)
   _make_index(model, blocks, index)
@@ -243,9 +243,12 @@ def test_eval_on_nq_open_first_400_questions(squad_world):
 def test_answer_prints_answer_and_evidence(world):
   questions = ["Where was Skane Skaxafen born?", "What did the institute study?"]
   flags = [f"--model_dir={world['model']}", f"--index_dir={world['index']}"]
-  # realm-answer's smoke test as a process of its own; --json in this process.
+  # realm-answer's smoke test as a process of its own; --json in this process. The JSON run
+  # retrieves more blocks than the corpus has (the beam is capped at the corpus); it reads the
+  # same top 5, so its answers and scores are the text run's.
   procs = {"text": _run("answer", *flags, *questions, process=True),
-           "json": _run("answer", *flags, "--json", *questions)}
+           "json": _run("answer", *flags, "--json", "--retriever_beam_size=100000",
+                        *questions)}
   out = procs["text"].stdout
   assert out.count("question: ") == 2 and out.count("answer:   ") == 2
   assert out.count("evidence (5 blocks read):") == 2
@@ -288,11 +291,11 @@ def test_api_errors_the_binaries_report(world):
   """Errors the binaries catch as expected ones (checked in-process: no more subprocesses)."""
   other = str(world["root"] / "other_blocks")
   testing.make_corpus(other, world["vocab"], 10, num_shards=1)
-  with pytest.raises(contract.DataError, match="another corpus"):
+  with pytest.raises(manifests.DataError, match="another corpus"):
     predict.OpenQA.load(world["model"], world["index"], blocks_dir=other)
-  with pytest.raises(contract.MissingDataError, match="QA file not found"):
+  with pytest.raises(manifests.MissingDataError, match="QA file not found"):
     qa_lib.resolve_dataset(str(world["root"] / "nope.jsonl"), None)
-  with pytest.raises(contract.MissingDataError, match="predictions file not found"):
+  with pytest.raises(manifests.MissingDataError, match="predictions file not found"):
     evaluation.score_predictions(str(world["root"] / "nope.jsonl"),
                                  qa_lib.read_qa(world["qa"])[0])
   qa = predict.OpenQA.load(world["model"], world["index"])

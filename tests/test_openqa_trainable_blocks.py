@@ -13,7 +13,7 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import candidates as candidates_lib
@@ -36,8 +36,8 @@ def corpus(tmp_path_factory):
   vocab = testing.write_vocab(str(root / "vocab.txt"), titles + bodies + ["what is"])
   tokenizer = RealmTokenizer(vocab)
   blocks_dir = str(root / "blocks")
-  contract.write_blocks(blocks_dir, titles, bodies, tokenizer, LB, num_shards=1)
-  blocks = contract.read_blocks(blocks_dir)
+  manifests.write_blocks(blocks_dir, titles, bodies, tokenizer, LB, num_shards=1)
+  blocks = manifests.read_blocks(blocks_dir)
   packed = candidates_lib.pack_blocks(blocks, LB, tokenizer.cls_id, tokenizer.sep_id)
   size = len(load_vocab(vocab))
   config = configs.RealmModelConfig(

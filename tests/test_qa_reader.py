@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from experiments import assets
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data import qa
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -95,15 +95,15 @@ def test_every_malformed_line_is_reported(tmp_path):
 
 def test_missing_and_empty_files(tmp_path):
   missing = str(tmp_path / "missing.jsonl")
-  with pytest.raises(contract.MissingDataError, match="missing.jsonl"):
+  with pytest.raises(manifests.MissingDataError, match="missing.jsonl"):
     qa.read_qa(missing)
   bad = _write(tmp_path / "bad.jsonl", "", "{oops", '{"question": "q", "answer": []}')
-  with pytest.raises(contract.DataError) as e:
+  with pytest.raises(manifests.DataError) as e:
     qa.read_qa(bad)
   assert bad in str(e.value) and f"{bad}:2: malformed JSON" in str(e.value)
-  assert not isinstance(e.value, contract.MissingDataError)
+  assert not isinstance(e.value, manifests.MissingDataError)
   empty = _write(tmp_path / "empty.jsonl", "")
-  with pytest.raises(contract.DataError, match="empty.jsonl.*empty"):
+  with pytest.raises(manifests.DataError, match="empty.jsonl.*empty"):
     qa.read_qa(empty)
 
 
@@ -115,9 +115,9 @@ def test_resolve_dataset(tmp_path):
   _write(tmp_path / "wq-dev.jsonl", json.dumps({"question": "q", "answers": ["a"]}))
   assert qa.resolve_dataset("wq", str(tmp_path), "dev") == (str(tmp_path / "wq-dev.jsonl"),
                                                             "text")
-  with pytest.raises(contract.DataError, match="--qa_dir.*data_prep.open_qa"):
+  with pytest.raises(manifests.DataError, match="--qa_dir.*data_prep.open_qa"):
     qa.resolve_dataset("nq", None)
-  with pytest.raises(contract.MissingDataError) as e:
+  with pytest.raises(manifests.MissingDataError) as e:
     qa.resolve_dataset("ct", str(tmp_path), "train")
   assert str(tmp_path / "ct-train.jsonl") in str(e.value)
   assert "python -m data_prep.open_qa" in str(e.value)
@@ -126,7 +126,7 @@ def test_resolve_dataset(tmp_path):
   own = _write(tmp_path / "mine.jsonl", json.dumps({"question": "q", "answers": ["a"]}))
   assert qa.resolve_dataset(own, None) == (own, None)
   assert qa.resolve_dataset(own, str(tmp_path), "dev") == (own, None)
-  with pytest.raises(contract.MissingDataError, match="nqq.*nq, wq, ct"):
+  with pytest.raises(manifests.MissingDataError, match="nqq.*nq, wq, ct"):
     qa.resolve_dataset(str(tmp_path / "nqq"), str(tmp_path))
 
 

@@ -16,7 +16,7 @@ import pytest
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
@@ -80,10 +80,9 @@ def _towers(params, path):
                                               block_embedder=model.block_embedder).write(path)
 
 
-def _numpy_top(model, w, questions):
-  """The exact top ``TOP`` block ids of each question and the block bodies, from the towers
-  applied directly and NumPy."""
-  blocks = contract.read_blocks(w["blocks"])
+def _numpy_blocks(model, w):
+  """The blocks (``read_blocks``) and their embeddings, the block tower applied directly."""
+  blocks = manifests.read_blocks(w["blocks"])
   tokenizer = RealmTokenizer(w["vocab"])
   # [CLS] title [SEP] body [SEP] (the stored token_ids, made for LB), segment 1 after the
   # first [SEP], zero-padded to LB.
@@ -96,6 +95,14 @@ def _numpy_top(model, w, questions):
     type_ids[i, tokens.index(tokenizer.sep_id) + 1:len(tokens)] = 1
   block_emb = model.block_embedder(dict(input_word_ids=word_ids, input_mask=(
       word_ids > 0).astype(np.int32), input_type_ids=type_ids)).numpy()
+  return blocks, block_emb
+
+
+def _numpy_top(model, w, questions):
+  """The exact top ``TOP`` block ids of each question and the block bodies, from the towers
+  applied directly and NumPy."""
+  blocks, block_emb = _numpy_blocks(model, w)
+  tokenizer = RealmTokenizer(w["vocab"])
   # [CLS] question [SEP], zero-padded to LQ, built by hand.
   q_ids = np.zeros([len(questions), LQ], np.int32)
   for i, question in enumerate(questions):
@@ -179,3 +186,30 @@ def test_qa_recall_regex_answers_and_off_by_default(world):
   off.build_inputs(params.task.validation_data)
   off.validation_begin(model)
   assert off.reduce_aggregated_logs(off.aggregate_logs(None, {})) == {}
+
+
+def test_exact_candidates_match_numpy(world):
+  """``exact_candidates``, the exact retrieval that validation and Table 3 share: every block
+  ranked by its inner product with the held-out query (towers applied directly, NumPy), and the
+  candidates the training rules pick: the null block, then the best blocks of another uid."""
+  params = _params(world)
+  task = realm_pretrain.RealmPretrainTask(params.task)
+  model, _ = _towers(params, str(world["root"] / "towers_exact" / "ckpt"))
+  examples = task.loader(params.task.validation_data).read_all()
+  candidates, ranked, index = task.exact_candidates(model, examples)
+
+  blocks, block_emb = _numpy_blocks(model, world)
+  q_emb = model.query_embedder(dict(
+      input_word_ids=examples["query_ids"], input_mask=examples["query_mask"],
+      input_type_ids=np.zeros_like(examples["query_ids"]))).numpy()
+  scores = q_emb.astype(np.float64) @ block_emb.astype(np.float64).T
+  n, k = len(scores), params.task.model.num_candidates
+  assert n > 10 and ranked.shape == (n, len(blocks)) and candidates.shape == (n, k)
+  assert (np.sort(ranked, axis=1) == np.arange(len(blocks))).all()   # every block, once
+  np.testing.assert_allclose(np.take_along_axis(scores, ranked, 1), -np.sort(-scores, axis=1),
+                             rtol=1e-4, atol=1e-4)
+  assert index.search(q_emb[:3], 4)[0].tolist() == ranked[:3, :4].tolist()
+  uids = [b["uid"] for b in blocks]
+  for row, source, got in zip(ranked, examples["source_uid"], candidates):
+    other = [b for b in row if uids[b] != source.decode()]
+    assert got.tolist() == [len(blocks)] + other[:k - 1]

@@ -6,6 +6,7 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import configs
+from realm_tf.data.loaders import InputError
 from realm_tf.tasks import reader_read
 
 # Ids: 0 pad, 1 [CLS], 2 [SEP]; words from 5.
@@ -49,14 +50,33 @@ def test_reading_block_holds_the_answer_and_is_not_the_source():
   np.testing.assert_array_equal(found, [True, False])
 
 
-def test_loss_is_the_uniform_marginal_over_null_and_reading_block():
+def test_distractors_are_the_closest_blocks_without_the_answer():
+  """Query 1's answer "Kor" is in b (read) and c; a is its source: d ("Kormo") is the only
+  distractor there is. Query 2's answer is nowhere: d is read, a and c distract, closest
+  first."""
+  ids = np.array([[1, 5, 6, 7, 4, 2], [1, 11, 6, 4, 2, 0]])
+  examples = dict(query_ids=ids, query_mask=(ids > 0).astype(np.int32),
+                  source_uid=np.array([b"a", b"b"]), answer=np.array([b"Kor", b"Zed"]))
+  scores = reader_read.lexical_scores(ids, examples["query_mask"], BLOCKS, (0, 1, 2, 4))
+  candidates, _ = reader_read.answer_block_candidates(BLOCKS, examples, (0, 1, 2, 4), 1)
+  np.testing.assert_array_equal(candidates[0], [4, 1, 3])
+  closest = [0, 2] if scores[1, 0] >= scores[1, 2] else [2, 0]
+  np.testing.assert_array_equal(candidates[1], [4, 3, closest[0]])
+  with pytest.raises(InputError, match="fewer than 2 blocks without the answer"):
+    reader_read.answer_block_candidates(BLOCKS, examples, (0, 1, 2, 4), 2)
+
+
+@pytest.mark.parametrize("distractors", [0, 2])
+def test_loss_is_the_uniform_marginal_over_null_and_reading_block(distractors):
+  """REALM's marginal with a uniform p(z|x) over (null, reading block); with distractors,
+  plus their mean -log p(y|z,x), both per real mask token."""
   enc = configs.bert_tiny(30, 16, dropout_rate=0.0)
   task = reader_read.ReaderReadTask(configs.ReaderReadTaskConfig(
       model=configs.RealmModelConfig(reader=configs.ReaderConfig(encoder=enc, seq_length=10),
-                                     max_masks=3)))
+                                     max_masks=3), distractors=distractors))
   model = task.build_model()
   rng = np.random.default_rng(5)
-  b, k, n = 3, 2, 10
+  b, k, n = 3, 2 + distractors, 10
   ids = rng.integers(5, 30, [b, k, n]).astype(np.int32)
   positions = np.array([[1, 2, 0], [3, 0, 0], [1, 4, 5]], np.int32)
   weights = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], np.float32)
@@ -73,13 +93,19 @@ def test_loss_is_the_uniform_marginal_over_null_and_reading_block():
   token = np.take_along_axis(logp, np.repeat(labels[:, None, :, None], k, 1), -1)[..., 0]
   marginal = np.log(0.5 * np.exp(token[:, 0]) + 0.5 * np.exp(token[:, 1]))
   want_loss = -(marginal * weights).sum() / weights.sum()
+  if distractors:
+    want_loss += -(token[:, 2:].mean(1) * weights).sum() / weights.sum()
   want_gain = ((token[:, 1] - token[:, 0]) * weights).sum()
   metrics = task.build_metrics(training=True)
   logs = task.train_step(inputs, model, tf_keras.optimizers.SGD(0.0), metrics)
   np.testing.assert_allclose(logs["loss"], want_loss, rtol=1e-5)
-  accuracy, gain = metrics
-  np.testing.assert_allclose(gain.result(), want_gain / b, rtol=1e-4, atol=1e-5)  # per span
-  assert float(accuracy.count) == 6.0   # the real masked tokens
+  by_name = {m.name: m for m in metrics}
+  np.testing.assert_allclose(by_name["reading_gain"].result(), want_gain / b, rtol=1e-4,
+                             atol=1e-5)  # per span
+  assert float(by_name["mlm_accuracy"].count) == 6.0   # the real masked tokens
+  if distractors:
+    want = (((token[:, 2:] - token[:, :1]) * weights[:, None]).sum(-1).mean(1)).mean()
+    np.testing.assert_allclose(by_name["distractor_gain"].result(), want, rtol=1e-4, atol=1e-5)
 
 
 def test_one_blocks_dir_per_corpus():

@@ -26,8 +26,8 @@ from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher as refresher_lib
@@ -164,7 +164,7 @@ def test_ict_then_realm_with_refresher(realm_world, realm_run, ict_dir, reader_d
   # Held-out evaluation (--mode=eval) runs on the result.
   result = train_lib.run_experiment(params, model_dir, mode="eval")
   assert 0.0 <= result["recall@5"] <= 1.0
-  held_out = len(contract.read_examples(p["pretrain"], contract.EVAL_SPLIT))
+  held_out = len(manifests.read_examples(p["pretrain"], manifests.EVAL_SPLIT))
   assert result["examples"] == held_out > 0   # every held-out sentence, once
   assert {"retrieval_utility", "mlm_accuracy", "validation_loss"} <= set(result)
 
@@ -255,16 +255,22 @@ def test_train_and_eval_then_eval(realm_world, realm_run):
   qa_dev = p["files"]["qa_dev"]
   assert os.path.exists(os.path.join(model_dir, "params.yaml"))
   validation = helpers.scalars(os.path.join(model_dir, "validation"))
+  # Validated before the first step too (the health alarms' step-0 recalls), then every 3.
   for tag in ("recall@5", "retrieval_utility", "mlm_accuracy", "validation_loss",
-              "qa_recall@5", "qa_questions"):
-    assert sorted(validation[tag]) == [3, 6], (tag, validation.get(tag))
+              "qa_recall@5", "qa_questions", "retrieval_entropy_ratio", "p_null",
+              "reader_gain_answer", "query_cosine", "distinct_candidates", "health_alarms"):
+    assert sorted(validation[tag]) == [0, 3, 6], (tag, validation.get(tag))
   assert 0.0 <= validation["recall@5"][6] <= 1.0
   assert logs["validation/recall@5"] == pytest.approx(validation["recall@5"][6])
   assert 0.0 <= validation["qa_recall@5"][6] <= 1.0
   assert logs["validation/qa_recall@5"] == pytest.approx(validation["qa_recall@5"][6])
   with open(qa_dev, encoding="utf-8") as f:
     assert validation["qa_questions"][6] == sum(1 for line in f if line.strip()) > 0
-  assert sorted(helpers.scalars(os.path.join(model_dir, "train"))["training_loss"]) == [3, 6]
+  train = helpers.scalars(os.path.join(model_dir, "train"))
+  for tag in ("training_loss", "retrieval_entropy_ratio", "p_null", "retrieval_margin",
+              "candidates_with_answer", "reader_gain_other", "block_cosine",
+              "distinct_candidates", "skipped_duplicates", "health_alarms"):
+    assert sorted(train[tag]) == [3, 6], (tag, train.get(tag))
 
   # --mode=eval on the finished model dir, as a user runs it: the same numbers, printed
   # (realm-train's smoke test as a process of its own).

@@ -152,9 +152,9 @@ class RealmIndexBinaryTest(tf.test.TestCase):
     bodies = ["paris is the capital of france", "london is a city on the river",
               "physics is a science"]
     from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
-    from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
-    contract.write_blocks(os.path.join(root, "blocks"), titles, bodies,
-                          tokenization.RealmTokenizer(vocab), 32)
+    from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+    manifests.write_blocks(os.path.join(root, "blocks"), titles, bodies,
+                           tokenization.RealmTokenizer(vocab), 32)
     trainer = testing.TinyTrainer(os.path.join(root, "model"), vocab)
     trainer.save(5)
 

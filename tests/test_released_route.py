@@ -19,13 +19,14 @@ import realm_tf
 from realm_tf import checkpoint_convert
 from realm_tf import model_dir
 from realm_tf import modeling
-from realm_tf.data import contract
+from realm_tf.data import features as features_lib
+from realm_tf.data import manifests
 from realm_tf.data import released
+from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
-from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer
 
 import helpers
@@ -253,40 +254,40 @@ class ReleasedRouteTest(tf.test.TestCase):
   # ---------------------------------------------------------------------------- the import --
 
   def test_imported_blocks(self):
-    blocks = contract.read_blocks(self.blocks_dir)  # Checks count and fingerprint too.
+    blocks = manifests.read_blocks(self.blocks_dir)  # Checks count and fingerprint too.
     self.assertLen(blocks, NUM_BLOCKS)
     self.assertEqual([b["block_id"] for b in blocks], list(range(NUM_BLOCKS)))
     self.assertEqual([b["title"] for b in blocks], self.titles)
     self.assertEqual([b["doc_title"] for b in blocks], self.titles)
     self.assertEqual([b["body"] for b in blocks], self.bodies)
     self.assertEqual([b["uid"] for b in blocks],
-                     [contract.block_uid(t, b) for t, b in zip(self.titles, self.bodies)])
+                     [features_lib.block_uid(t, b) for t, b in zip(self.titles, self.bodies)])
     inputs = RealmTokenizer(self.vocab_file).block_inputs(self.titles, self.bodies,
                                                           BLOCK_SEQ_LENGTH)
     ids, mask = inputs["input_word_ids"].numpy(), inputs["input_mask"].numpy()
     want = [row[:m.sum()].tolist() for row, m in zip(ids, mask)]
     self.assertEqual([b["token_ids"] for b in blocks], want)
     self.assertIn(BLOCK_SEQ_LENGTH, [len(t) for t in want])  # Some blocks were trimmed.
-    self.assertLen(contract.block_shard_files(self.blocks_dir), 3)
+    self.assertLen(manifests.block_shard_files(self.blocks_dir), 3)
 
     # The same manifest as write_blocks gives for the same blocks, plus the source files.
-    reference = contract.write_blocks(os.path.join(self.dir, "reference"), self.titles,
-                                      self.bodies, RealmTokenizer(self.vocab_file),
-                                      BLOCK_SEQ_LENGTH, num_shards=3)
-    manifest = contract.load_blocks_manifest(self.blocks_dir)
+    reference = manifests.write_blocks(os.path.join(self.dir, "reference"), self.titles,
+                                       self.bodies, RealmTokenizer(self.vocab_file),
+                                       BLOCK_SEQ_LENGTH, num_shards=3)
+    manifest = manifests.load_blocks_manifest(self.blocks_dir)
     self.assertEqual(manifest, self.manifest)
     self.assertEqual(manifest["source"], {"blocks_tfr": self.blocks_tfr,
                                           "titles_tfr": self.titles_tfr})
     self.assertEqual({k: v for k, v in manifest.items() if k != "source"}, reference)
     self.assertEqual(manifest["fingerprint"],
-                     contract.corpus_fingerprint(b["uid"] for b in blocks))
+                     manifests.corpus_fingerprint(b["uid"] for b in blocks))
 
   def test_incremental_fingerprint(self):
-    uids = [contract.block_uid(t, b) for t, b in zip(self.titles, self.bodies)]
+    uids = [features_lib.block_uid(t, b) for t, b in zip(self.titles, self.bodies)]
     fingerprint = released._Fingerprint()  # pylint: disable=protected-access
     for uid in uids:
       fingerprint.update(uid)
-    self.assertEqual(fingerprint.hexdigest(), contract.corpus_fingerprint(uids))
+    self.assertEqual(fingerprint.hexdigest(), manifests.corpus_fingerprint(uids))
 
   def test_limit_and_default_shards(self):
     out = os.path.join(self.dir, "blocks")
@@ -294,27 +295,27 @@ class ReleasedRouteTest(tf.test.TestCase):
                                                self.vocab_file, out, limit=7, progress=False)
     self.assertEqual((manifest["num_blocks"], manifest["num_shards"]), (7, 1))
     self.assertEqual(manifest["block_seq_length"], 288)
-    self.assertEqual([b["body"] for b in contract.read_blocks(out)], self.bodies[:7])
+    self.assertEqual([b["body"] for b in manifests.read_blocks(out)], self.bodies[:7])
 
   def test_import_errors(self):
     out = os.path.join(self.dir, "blocks")
     short = write_strings(os.path.join(self.dir, "titles.tfr"), self.titles[:-1])
-    with self.assertRaisesRegex(contract.CorpusFormatError,
+    with self.assertRaisesRegex(manifests.CorpusFormatError,
                                 f"{self.blocks_tfr} has 40 records but {short} has 39"):
       released.import_released_blocks(self.blocks_tfr, short, self.vocab_file, out,
                                       progress=False)
     bad = list(self.bodies)
     bad[21] = b"caf\xe9 latin-1"
     bad_tfr = write_strings(os.path.join(self.dir, "blocks.tfr"), bad)
-    with self.assertRaisesRegex(contract.CorpusFormatError,
+    with self.assertRaisesRegex(manifests.CorpusFormatError,
                                 f"{bad_tfr}: record 21 is not valid UTF-8"):
       released.import_released_blocks(bad_tfr, self.titles_tfr, self.vocab_file, out,
                                       num_shards=4, progress=False, batch_size=8)
     self.assertEqual(os.listdir(out), [])  # The shards written before the bad record are gone.
-    with self.assertRaisesRegex(contract.MissingDataError, "file not found: .*nope.tfr"):
+    with self.assertRaisesRegex(manifests.MissingDataError, "file not found: .*nope.tfr"):
       released.import_released_blocks(os.path.join(self.dir, "nope.tfr"), self.titles_tfr,
                                       self.vocab_file, out, progress=False)
-    with self.assertRaisesRegex(contract.DataError, "already holds a blocks directory"):
+    with self.assertRaisesRegex(manifests.DataError, "already holds a blocks directory"):
       released.import_released_blocks(self.blocks_tfr, self.titles_tfr, self.vocab_file,
                                       self.blocks_dir, progress=False)
 
@@ -330,7 +331,7 @@ class ReleasedRouteTest(tf.test.TestCase):
         f"--blocks_dir={blocks_dir}", "--num_shards=2", "--noprogress")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn(f"wrote 40 blocks in 2 shards to {blocks_dir}", proc.stdout)
-    manifest = contract.load_blocks_manifest(blocks_dir)
+    manifest = manifests.load_blocks_manifest(blocks_dir)
     self.assertEqual(manifest["block_seq_length"], 288)
 
     # No --embeddings_file: the model has no block tower, so <model_dir>/block_emb.npy is used.
@@ -391,7 +392,7 @@ class ReleasedRouteTest(tf.test.TestCase):
                                 "has no block tower .*--embeddings_file=.*block_emb.npy"):
       refresher.build_index_for_checkpoint(None, bare, self.blocks_dir,
                                            os.path.join(self.dir, "index"), options=options)
-    with self.assertRaisesRegex(contract.MissingDataError, "embeddings file not found"):
+    with self.assertRaisesRegex(manifests.MissingDataError, "embeddings file not found"):
       refresher.load_embeddings_file(os.path.join(self.dir, "none.npy"), NUM_BLOCKS, PROJECTION)
 
 
@@ -447,7 +448,7 @@ class ReleasedRouteTest(tf.test.TestCase):
     # The model's own logits on the same inputs (the beam retrieved with the NumPy queries).
     features = qa.builder.features(questions, ref["query"].astype(np.float32))
     self.assertAllEqual(features["beam_ids"], beams)
-    out = qa.model({k: tf.constant(features[k]) for k in openqa_task.MODEL_FEATURES},
+    out = qa.model({k: tf.constant(features[k]) for k in host.MODEL_FEATURES},
                    training=False)
     self.assertAllClose(out["retriever_logits"],
                         np.take_along_axis(retriever_logits, beams, axis=1), rtol=0, atol=1e-4)

@@ -10,7 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
@@ -23,7 +24,7 @@ class PackTest(tf.test.TestCase):
   def test_pack_pads_trims_and_sets_segments(self):
     sep = 3
     ids = tf.ragged.constant([[2, 7, 3, 9, 3], [2, 7, 8, 3, 9, 9, 9, 3], [2, 3, 3]])
-    got = contract.pack_block_ids(ids, 6, sep)
+    got = features.pack_block_ids(ids, 6, sep)
     self.assertAllEqual(got["input_word_ids"], [[2, 7, 3, 9, 3, 0],
                                                 [2, 7, 8, 3, 9, 3],
                                                 [2, 3, 3, 0, 0, 0]])
@@ -33,7 +34,7 @@ class PackTest(tf.test.TestCase):
     self.assertAllEqual(got["input_type_ids"], [[0, 0, 0, 1, 1, 0],
                                                 [0, 0, 0, 0, 1, 1],
                                                 [0, 0, 1, 0, 0, 0]])
-    query = contract.pack_block_ids(ids, 4, sep, segment_ids=False)
+    query = features.pack_block_ids(ids, 4, sep, segment_ids=False)
     self.assertAllEqual(query["input_word_ids"][1], [2, 7, 8, 3])
     self.assertAllEqual(query["input_type_ids"], tf.zeros([3, 4], tf.int32))
 
@@ -68,9 +69,9 @@ class CorpusTest(tf.test.TestCase, parameterized.TestCase):
                                          progress=False, **kwargs)
 
   def test_fixture_follows_the_contract(self):
-    blocks = contract.read_blocks(self.blocks_dir, check_manifest=True)  # Checks the fingerprint.
+    blocks = manifests.read_blocks(self.blocks_dir, check_manifest=True)  # Checks the fingerprint.
     self.assertEqual([b["block_id"] for b in blocks], list(range(150)))
-    self.assertEqual(blocks[3]["uid"], contract.block_uid(blocks[3]["title"], blocks[3]["body"]))
+    self.assertEqual(blocks[3]["uid"], features.block_uid(blocks[3]["title"], blocks[3]["body"]))
 
   def test_matches_keras_forward_pass(self):
     ids, emb = self._embed()

@@ -130,8 +130,10 @@ class FlopCountTest(tf.test.TestCase, parameterized.TestCase):
     self.assertEqual((work.retriever.num_layers, work.retriever.hidden), (12, 768))
     self.assertEqual(work.act_bytes, 2)                       # bfloat16
     self.assertEqual(work.refresh_interval, 500)
-    # int32/float32 features: 3 x 96 + 3 x 8 x 288 + 3 x 8 x 384 + 3 x 10 + 1 values each.
-    self.assertEqual(work.infeed_bytes, 512 * 4 * (288 + 6912 + 9216 + 30 + 1))
+    # int32/float32 features: 3 x 96 (query) + 3 x 8 x 288 (blocks) + 3 x 8 x 384 (reader)
+    # + 3 x 10 (masks) + 1 (index step) + 8 (candidate rows) + 1 (skipped duplicate)
+    # + 8 (candidates holding the answer) values each.
+    self.assertEqual(work.infeed_bytes, 512 * 4 * (288 + 6912 + 9216 + 30 + 1 + 8 + 1 + 8))
     # BERT-base: ~110M per tower.
     self.assertBetween(work.params()["reader"], 105e6, 115e6)
 

@@ -33,7 +33,6 @@ import shutil
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
@@ -41,6 +40,7 @@ import tensorflow as tf
 from experiments.benchmarks import bench_train_loop
 from realm_tf import configs
 from realm_tf import train_lib
+from realm_tf.binaries import cli
 from realm_tf.tasks import realm_pretrain
 
 flags.DEFINE_integer("warmup", 3, "Untimed steps per run (the first traces).")
@@ -127,7 +127,7 @@ def feature_batches(params, count):
   """``count`` batches of device features, retrieved once through the published index."""
   task = realm_pretrain.RealmPretrainTask(params.task)
   builder = task.candidate_builder()
-  examples = task._loader(params.task.train_data).load(None)  # pylint: disable=protected-access
+  examples = task.loader(params.task.train_data).load(None)
   batches = []
   for batch in examples.take(count).as_numpy_iterator():
     features = builder.features(batch)
@@ -255,4 +255,4 @@ def main(argv):
 
 if __name__ == "__main__":
   FLAGS.set_default("steps", 20)
-  app.run(main)
+  cli.run_main(main)

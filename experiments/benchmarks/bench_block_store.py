@@ -3,13 +3,13 @@ r"""The trainer's corpus in memory: block dicts + dense packed arrays vs the blo
     python -m experiments.benchmarks.bench_block_store                       # 20,000 blocks
     python -m experiments.benchmarks.bench_block_store --num_blocks=1000000
 
-Synthesizes a blocks directory (``contract.serialize_block``, the format of the blocks
+Synthesizes a blocks directory (``features.serialize_block``, the format of the blocks
 pipeline) of ``--num_blocks`` blocks with a 30,522-id vocabulary and REALM-like lengths: 85% of
 the blocks fill the 288 wordpieces, the rest are uniform in [24, 287]; titles of 1-12
 wordpieces; body texts of about 4.2 bytes per wordpiece. Then, each in its own subprocess (so
 that one's memory does not pollute the other's):
 
-* ``before``: today's path, ``contract.read_blocks`` + the dense arrays of
+* ``before``: today's path, ``manifests.read_blocks`` + the dense arrays of
   ``candidates.pack_blocks`` and the per-row uid and body lists (the CandidateBuilder of
   before the store, reproduced below as ``DenseBuilder``);
 * ``build``: the block store's one-off build from the TFRecords (``BlockStore.open`` on a
@@ -38,9 +38,10 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
+
+from realm_tf.binaries import cli
 
 flags.DEFINE_integer("num_blocks", 20000, "Blocks in the corpus (1000000 for the full size).")
 flags.DEFINE_integer("before_max_blocks", 100000, "Largest corpus the before path reads; "
@@ -84,9 +85,10 @@ def _chunk(start, stop, seed, words):
 
 def write_corpus(blocks_dir, n, seed):
   """Writes (or reuses) the synthetic blocks directory of ``n`` blocks."""
-  from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import features as features_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  path = os.path.join(blocks_dir, contract.MANIFEST)
+  path = os.path.join(blocks_dir, manifests.MANIFEST)
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
@@ -105,16 +107,16 @@ def write_corpus(blocks_dir, n, seed):
   start, total_tokens = time.time(), 0
   for shard in range(num_shards):
     lo, hi = shard * n // num_shards, (shard + 1) * n // num_shards
-    name = contract.shard_name(os.path.join(blocks_dir, contract.BLOCKS_PREFIX), shard,
-                               num_shards)
+    name = manifests.shard_name(os.path.join(blocks_dir, manifests.BLOCKS_PREFIX), shard,
+                                num_shards)
     with tf.io.TFRecordWriter(name) as writer:
       for a in range(lo, hi, 5000):
         titles, bodies, tokens = _chunk(a, min(a + 5000, hi), seed, words)
         for j, (title, body, ids) in enumerate(zip(titles, bodies, tokens)):
-          uid = contract.block_uid(title, body)
+          uid = features_lib.block_uid(title, body)
           fingerprint.update(uid.encode("ascii") + b"\n")
           uids[a + j] = uid
-          writer.write(contract.serialize_block(a + j, uid, title, body, ids))
+          writer.write(features_lib.serialize_block(a + j, uid, title, body, ids))
           total_tokens += len(ids)
     print(f"  wrote shard {shard + 1}/{num_shards} ({hi} blocks, {time.time() - start:.0f} s)",
           flush=True)
@@ -189,11 +191,12 @@ def _status():
 def _warm_up(blocks_dir):
   """Starts TensorFlow's runtime and tf.data, which both paths use, before measuring."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
-  files = contract.shard_files(blocks_dir, contract.BLOCKS_PREFIX)
+  from realm_tf.data import features as features_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  files = manifests.shard_files(blocks_dir, manifests.BLOCKS_PREFIX)
   for _ in tf.data.TFRecordDataset(files[:1]).take(4).batch(2).as_numpy_iterator():
     pass
-  contract.pack_block_ids(tf.ragged.constant([[CLS, SEP, SEP]]), 8, SEP)
+  features_lib.pack_block_ids(tf.ragged.constant([[CLS, SEP, SEP]]), 8, SEP)
   gc.collect()
 
 
@@ -218,11 +221,11 @@ def run_role(role, blocks_dir):
   """One measurement in this process; returns a dict (printed as JSON)."""
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import contract  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   config = configs.RealmModelConfig(num_candidates=FLAGS.num_candidates)
   _warm_up(blocks_dir)
-  n = int(contract.load_blocks_manifest(blocks_dir)["num_blocks"])
+  n = int(manifests.load_blocks_manifest(blocks_dir)["num_blocks"])
   if role == "build":
     shutil.rmtree(os.path.join(blocks_dir, block_store.STORE_DIR), ignore_errors=True)
     rss0 = _status()
@@ -241,7 +244,7 @@ def run_role(role, blocks_dir):
   rss0 = _status()
   start = time.perf_counter()
   if role == "before":
-    builder = DenseBuilder(contract.read_blocks(blocks_dir), config, CLS, SEP)
+    builder = DenseBuilder(manifests.read_blocks(blocks_dir), config, CLS, SEP)
   else:
     builder = candidates.CandidateBuilder(block_store.BlockStore.open(blocks_dir), config,
                                           None, CLS, SEP)
@@ -354,4 +357,4 @@ def report(results, n, small):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

@@ -15,11 +15,11 @@ import shutil
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
 
+from realm_tf.binaries import cli
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import testing
@@ -150,4 +150,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

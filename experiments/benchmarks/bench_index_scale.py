@@ -41,10 +41,10 @@ import shutil
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 
+from realm_tf.binaries import cli
 from realm_tf.retrieval import mips_index
 
 flags.DEFINE_list("num_vectors", ["100000"], "Corpus sizes (1e6 and 4e6 for the full run).")
@@ -242,4 +242,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

@@ -57,8 +57,10 @@ import tf_keras
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.data import contract
+from realm_tf.binaries import cli
+from realm_tf.data import manifests
 from realm_tf.modeling import models
+from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import refresher
 from realm_tf.tasks import openqa as openqa_task
@@ -119,8 +121,8 @@ def make_synthetic(work: str):
       f"task.model.reader.encoder.vocab_size={n}"])).task.model
   blocks_dir = os.path.join(work, "blocks")
   titles, bodies = make_blocks(world.articles)
-  contract.write_blocks(blocks_dir, titles, bodies, RealmTokenizer(vocab),
-                        model_config.retriever.block_seq_length)
+  manifests.write_blocks(blocks_dir, titles, bodies, RealmTokenizer(vocab),
+                         model_config.retriever.block_seq_length)
   model_dir = os.path.join(work, "model")
   model_dir_lib.write_metadata(model_dir, model_config, vocab)
   tf_keras.utils.set_random_seed(0)
@@ -139,7 +141,7 @@ def make_synthetic(work: str):
 
 
 def read_questions(path: str):
-  return openqa_task.load_questions(configs.OpenQaDataConfig(input_path=path))
+  return inputs_lib.load_questions(path)
 
 
 # ---------------------------------------------------------------------- 1. latency --
@@ -312,4 +314,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run_main(main)

@@ -24,7 +24,6 @@ Tokens are random ids, so nothing can be memorized; chance accuracy is 1/vocab.
 
 import time
 
-from absl import app
 from absl import flags
 import numpy as np
 import tensorflow as tf
@@ -32,6 +31,7 @@ import tf_keras
 
 from realm_tf import configs
 from realm_tf import modeling
+from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
 
@@ -140,4 +140,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run_main(main)

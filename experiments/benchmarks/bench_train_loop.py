@@ -20,13 +20,13 @@ import statistics
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import tensorflow as tf
 
 from realm_tf import configs
 from realm_tf import train_lib
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
+from realm_tf.binaries import cli
 from realm_tf.retrieval import refresher
 from realm_tf.tokenization import load_vocab
 
@@ -150,4 +150,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run_main(main)

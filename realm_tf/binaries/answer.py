@@ -20,7 +20,6 @@ import tensorflow as tf
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 from realm_tf.openqa import predict
-from realm_tf.retrieval import errors
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
@@ -28,6 +27,9 @@ flags.DEFINE_string("blocks_dir", None, "The index's corpus (default: the one it
 flags.DEFINE_string("checkpoint", None,
                     "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
 flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question.", lower_bound=1)
+flags.DEFINE_integer("retriever_beam_size", None,
+                     "Blocks retrieved per question, the read ones the best of them (default: "
+                     "--reader_beam_size; capped at the corpus size).", lower_bound=1)
 flags.DEFINE_bool("json", False, "Print one JSON object per question instead of text.")
 flags.DEFINE_integer("snippet_chars", 160, "Characters of block text shown per block.",
                      lower_bound=20)
@@ -77,14 +79,15 @@ def main(argv):
     raise app.UsageError('usage: realm-answer --model_dir=... --index_dir=... "question" ...')
   for i, q in enumerate(questions, 1):
     if not q.strip():
-      raise ValueError(f"question {i} is empty")
+      raise app.UsageError(f"question {i} is empty")
   missing = [f"--{n}" for n in ("model_dir", "index_dir") if not getattr(FLAGS, n)]
   if missing:
     raise app.UsageError(f"missing flags: {', '.join(missing)}")
   if not tf.io.gfile.isdir(FLAGS.model_dir):
     raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
   qa = predict.OpenQA.load(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir,
-                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size)
+                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size,
+                           retriever_beam_size=FLAGS.retriever_beam_size)
   answers = qa.answer(questions)
   if FLAGS.json:
     for a in answers:
@@ -94,7 +97,7 @@ def main(argv):
 
 
 def run():
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError, ValueError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

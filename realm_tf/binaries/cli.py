@@ -1,8 +1,10 @@
 """Shared plumbing for the command-line binaries: one-line errors instead of tracebacks.
 
-Every command line of the project (the ``realm-*`` binaries and the corpus pipelines) runs its
-``main`` through :func:`run_main`: an expected error, a bad flag included, is printed as one line
-``error: <message>`` on stderr and the exit status is 2.
+Every command line of the project (the ``realm-*`` binaries, the corpus pipelines and the
+experiments' entry points) runs its ``main`` through :func:`run_main`: an expected error
+(``realm_tf.errors.RealmError``, a bad flag or usage, a missing file) is printed as one line
+``error: <message>`` on stderr and the exit status is 2. Anything else is a bug: its traceback
+stays.
 """
 
 import sys
@@ -10,16 +12,11 @@ import sys
 from absl import app
 from absl import flags
 
-from realm_tf import checkpoint_convert
-from realm_tf import configs
-from realm_tf import model_dir
-from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf import errors
 
-# Errors a user can cause with a bad path, file or flag: reported on one line, exit status 2.
-USER_ERRORS = (configs.ConfigError, checkpoint_convert.ConversionError,
-               model_dir.ModelDirError, tokenization.VocabError, contract.DataError,
-               FileNotFoundError, app.UsageError)
+# Errors a user can cause with a bad path, file, config or flag: reported on one line, exit
+# status 2.
+USER_ERRORS = (errors.RealmError, FileNotFoundError, app.UsageError)
 
 
 def _fail(error) -> None:
@@ -27,12 +24,11 @@ def _fail(error) -> None:
   sys.exit(2)
 
 
-def run_main(main, extra_errors=(), known_only: bool = False):
+def run_main(main, known_only: bool = False):
   """``absl.app.run(main)``, turning user errors into ``error: ...`` and exit status 2.
 
   Args:
     main: called with the arguments left after the flags are parsed (``argv[0]`` first).
-    extra_errors: more exception classes to report on one line.
     known_only: leave unknown flags in ``main``'s arguments instead of refusing them (e.g. for
       Beam pipeline options such as ``--runner``).
   """
@@ -45,7 +41,7 @@ def run_main(main, extra_errors=(), known_only: bool = False):
   def wrapped(argv):
     try:
       return main(argv)
-    except USER_ERRORS + tuple(extra_errors) as e:
+    except USER_ERRORS as e:
       _fail(e)
 
   app.run(wrapped, flags_parser=parse)

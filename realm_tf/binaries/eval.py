@@ -27,7 +27,6 @@ from realm_tf.binaries import cli
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import predict
-from realm_tf.retrieval import errors
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
@@ -102,7 +101,7 @@ def main(argv):
 
 
 def run():
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError, ValueError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from absl import flags
 from realm_tf import checkpoint_convert
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 from realm_tf.data import released
 from realm_tf.retrieval import cli_flags
 from realm_tf.retrieval import corpus_embedding
@@ -56,7 +57,7 @@ flags.DEFINE_string("blocks_tfr", None, "import: the released blocks.tfr (block 
 flags.DEFINE_string("titles_tfr", None, "import: the released titles.tfr (their titles).")
 flags.DEFINE_string("vocab_file", None, "import: the WordPiece vocabulary of the model.")
 flags.DEFINE_bool("lower_case", True, "import: whether the vocabulary is uncased.")
-flags.DEFINE_integer("block_seq_length", contract.BLOCK_SEQ_LENGTH,
+flags.DEFINE_integer("block_seq_length", features.BLOCK_SEQ_LENGTH,
                      "import: wordpieces per block, [CLS] title [SEP] body [SEP] included.")
 flags.DEFINE_integer("limit", 0, "import: only the first N blocks (0: all).")
 flags.register_validator("num_shards", lambda v: v >= 0, message="--num_shards must be >= 0")
@@ -97,7 +98,7 @@ def build():
   checkpoint = refresher.find_checkpoint(FLAGS.model_dir, FLAGS.checkpoint)
   embeddings, embeddings_file = None, FLAGS.embeddings_file
   if FLAGS.embeddings_dir:
-    manifest = contract.load_blocks_manifest(FLAGS.blocks_dir)
+    manifest = manifests.load_blocks_manifest(FLAGS.blocks_dir)
     embeddings = corpus_embedding.merge_embedding_shards(FLAGS.embeddings_dir,
                                                          int(manifest["num_blocks"]))
   elif not embeddings_file:
@@ -156,7 +157,7 @@ def main(argv):
 
 
 def run():
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

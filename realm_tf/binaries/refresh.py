@@ -46,7 +46,7 @@ def main(argv):
 
 
 def run():
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

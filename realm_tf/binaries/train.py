@@ -20,7 +20,6 @@ from official.common import flags as tfm_flags
 from realm_tf import configs
 from realm_tf import train_lib
 from realm_tf.binaries import cli
-from realm_tf.retrieval import errors
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import  (registers the tasks)
 
 FLAGS = flags.FLAGS
@@ -45,7 +44,7 @@ def main(argv):
 
 def run():
   tfm_flags.define_flags()
-  cli.run_main(main, extra_errors=(errors.RetrievalError, errors.IndexNotReadyError))
+  cli.run_main(main)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Data of realm_tf: the on-disk contracts (``contract``) and the readers built on them.
+"""Data of realm_tf: the on-disk contracts and the readers built on them.
 
-``realm_tf.data.contract`` is the one definition of the directories the corpus pipelines write
-and the index, the trainers and the evaluation read: blocks, pre-training examples, ICT
-examples, sentences, and their manifests.
+``realm_tf.data.manifests`` is the one definition of the directories the corpus pipelines write
+and the index, the trainers and the evaluation read (blocks, pre-training examples, ICT
+examples, sentences: file names, manifests, shards); ``realm_tf.data.features`` defines the
+records they hold (tf.Example features, writers, parsers).
 """

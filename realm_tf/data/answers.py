@@ -30,10 +30,6 @@ def holds_answer(text, answer) -> bool:
   return answer.strip() != "" and answer in words(text)
 
 
-def holds_any(text, answers: Sequence) -> bool:
-  return any(holds_answer(text, a) for a in answers)
-
-
 # ---- Exact match, as ORQA's utils/eval_utils.py scores Open-QA predictions ----------------
 
 def normalize_answer(text: str) -> str:

@@ -1,12 +1,12 @@
 """A compact, memory-mapped store of a blocks directory: token ids, uid digests, body texts.
 
-The trainer's host side reads the corpus from here instead of holding ``contract.read_blocks``'s
+The trainer's host side reads the corpus from here instead of holding ``manifests.read_blocks``'s
 dicts and dense packed arrays: a block costs its token ids (uint16 when every id fits in 16 bits,
 else uint32) plus 32 bytes of index (an int64 offset, a 20-byte uid digest, the int32 position of
 its first ``[SEP]``), all in files that are memory-mapped, so only the pages that batches touch
 become resident (and they are the kernel's page cache, shared between processes). Fixed-length
 model inputs are built per batch for just the rows it needs (:meth:`BlockStore.gather_packed`),
-equal to what ``contract.pack_block_ids`` gives (and ``candidates.pack_blocks``); the body texts
+equal to what ``features.pack_block_ids`` gives (and ``candidates.pack_blocks``); the body texts
 (for recall hits and Open-QA) and titles (for evidence) are in the store too, decoded when
 read (:attr:`BlockStore.texts`, :attr:`BlockStore.titles`).
 
@@ -61,7 +61,7 @@ from typing import Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.data import contract
+from realm_tf.data import manifests
 
 FORMAT = 2
 STORE_DIR = "block_store"
@@ -99,7 +99,7 @@ def token_dtype(max_id: int) -> np.dtype:
     return np.dtype(np.uint16)
   if max_id <= np.iinfo(np.uint32).max:
     return np.dtype(np.uint32)
-  raise contract.CorpusFormatError(f"token id {max_id} does not fit in 32 bits")
+  raise manifests.CorpusFormatError(f"token id {max_id} does not fit in 32 bits")
 
 
 def manifest_key(manifest: Dict) -> str:
@@ -215,15 +215,15 @@ class BlockStore:
     """The store of ``blocks_dir``, built first when there is none for its current manifest.
 
     Args:
-      blocks_dir: a blocks directory (``contract``'s format).
+      blocks_dir: a blocks directory (``manifests``' format).
       store_dir: where stores live (default :func:`default_store_root`).
       progress: show a progress bar while building (None: for 100,000 blocks or more).
       cls_id, sep_id: override the special ids the store infers from block 0.
 
-    Raises the errors of ``contract.load_blocks_manifest`` / ``block_shard_files`` and
+    Raises the errors of ``manifests.load_blocks_manifest`` / ``block_shard_files`` and
     ``CorpusFormatError`` when the shards do not match the manifest.
     """
-    manifest = contract.load_blocks_manifest(blocks_dir)
+    manifest = manifests.load_blocks_manifest(blocks_dir)
     key = manifest_key(manifest)
     root = store_dir or default_store_root(blocks_dir)
     final = os.path.join(root, key[:20])
@@ -248,7 +248,7 @@ class BlockStore:
         shutil.rmtree(tmp, ignore_errors=True)
       store = store or cls._try_open(final, key)
       if store is None:
-        raise contract.CorpusFormatError(f"block store {final} is unreadable after building")
+        raise manifests.CorpusFormatError(f"block store {final} is unreadable after building")
       _remove_stale(root, os.path.basename(final), blocks_dir)
     if cls_id is not None:
       store.cls_id = int(cls_id)
@@ -288,13 +288,13 @@ class BlockStore:
   @classmethod
   def from_blocks(cls, blocks: Sequence[Dict], cls_id: Optional[int] = None,
                   sep_id: Optional[int] = None) -> "BlockStore":
-    """An in-memory store of blocks as ``contract.read_blocks`` returns them (row = position;
+    """An in-memory store of blocks as ``manifests.read_blocks`` returns them (row = position;
     ``uid``, ``token_ids`` and optionally ``body`` and ``title``)."""
     lengths = np.array([len(b["token_ids"]) for b in blocks], np.int64)
     flat = np.concatenate([np.asarray(b["token_ids"], np.int64) for b in blocks] or
                           [np.zeros([0], np.int64)])
     if flat.size and flat.min() < 0:
-      raise contract.CorpusFormatError(f"negative token id {flat.min()}")
+      raise manifests.CorpusFormatError(f"negative token id {flat.min()}")
     tokens = flat.astype(token_dtype(int(flat.max()) if flat.size else 0))
     texts = [b.get("body", "").encode("utf-8") for b in blocks]
     text_lengths = np.array([len(t) for t in texts], np.int64)
@@ -302,7 +302,7 @@ class BlockStore:
     cls_id, sep_id = _special_ids(tokens, lengths, cls_id, sep_id)
     offsets = _offsets(lengths)
     try:
-      fingerprint = contract.corpus_fingerprint(b["uid"] for b in blocks)
+      fingerprint = manifests.corpus_fingerprint(b["uid"] for b in blocks)
     except UnicodeError:  # Not the hex uids of the blocks format.
       fingerprint = None
     return cls(tokens, offsets, _digests(b["uid"] for b in blocks),
@@ -436,7 +436,7 @@ class BlockStore:
                     sep_id: Optional[int] = None) -> Dict[str, np.ndarray]:
     """Packed int32 model inputs of ``rows`` (any shape), ``rows.shape + [seq_length]``.
 
-    Equal to ``contract.pack_block_ids`` of those rows' ids: trimmed to ``seq_length`` with
+    Equal to ``features.pack_block_ids`` of those rows' ids: trimmed to ``seq_length`` with
     the last position set to ``[SEP]`` when longer, mask 1 over the ids, type ids 1 after the
     first ``[SEP]``. Keys ``input_word_ids``, ``input_mask``, ``input_type_ids``.
     """
@@ -599,7 +599,7 @@ class _FileArray:
 
 
 def _fingerprint(path: str, offsets: np.ndarray, chunk: int = 1 << 16) -> str:
-  """``contract.corpus_fingerprint`` of the uids stored one after the other in ``path``."""
+  """``manifests.corpus_fingerprint`` of the uids stored one after the other in ``path``."""
   h = hashlib.sha1()
   n = len(offsets) - 1
   data = _FileArray(path, np.uint8)
@@ -630,7 +630,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
            progress: Optional[bool]) -> None:
   """Streams the shards of ``blocks_dir`` into a complete store in the new directory ``out``."""
   import tqdm  # pylint: disable=g-import-not-at-top
-  files = contract.block_shard_files(blocks_dir, manifest)
+  files = manifests.block_shard_files(blocks_dir, manifest)
   n = int(manifest["num_blocks"])
   os.makedirs(out)
   start = time.time()
@@ -651,7 +651,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
       values = batch["values"]
       if values.size:
         if values.min() < 0:
-          raise contract.CorpusFormatError(f"{blocks_dir}: negative token id {values.min()}")
+          raise manifests.CorpusFormatError(f"{blocks_dir}: negative token id {values.min()}")
         wanted = token_dtype(int(values.max()))
         if wanted.itemsize > tokens.dtype.itemsize:
           tokens.widen(wanted)
@@ -669,15 +669,15 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   title_lengths = titles.close()
   block_ids = np.concatenate(block_ids) if block_ids else np.zeros([0], np.int64)
   if len(block_ids) != n:
-    raise contract.CorpusFormatError(f"{blocks_dir}: {len(block_ids)} blocks on disk, "
-                                     f"manifest says {n}")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: {len(block_ids)} blocks on disk, "
+                                      f"manifest says {n}")
   order = np.argsort(block_ids, kind="stable")
   if not np.array_equal(block_ids[order], np.arange(n)):
-    raise contract.CorpusFormatError(f"{blocks_dir}: the block ids are not 0..{n - 1}, each once")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: the block ids are not 0..{n - 1}, each once")
   uid_offsets = _permute(join("uids.arrival"), join("uids.bin"), np.uint8, uid_lengths, order)
   if _fingerprint(join("uids.bin"), uid_offsets) != manifest["fingerprint"]:
-    raise contract.CorpusFormatError(f"{blocks_dir}: the blocks do not match the manifest "
-                                     "fingerprint")
+    raise manifests.CorpusFormatError(f"{blocks_dir}: the blocks do not match the manifest "
+                                      "fingerprint")
   os.remove(join("uids.bin"))
   _permute(join("digests.arrival"), join("uid_digests.bin"), np.uint8,
            np.full([n], DIGEST_BYTES, np.int64), order)

@@ -17,12 +17,14 @@ from typing import Callable, Dict, Optional, Type
 import tensorflow as tf
 
 from realm_tf import configs
-from realm_tf.data import contract
+from realm_tf import errors
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 _LOADERS: Dict[type, Type] = {}
 
 
-class InputError(ValueError):
+class InputError(errors.RealmError, ValueError):
   """Examples that do not fit the model config or the corpus."""
 
 
@@ -99,7 +101,7 @@ class IctLoader:
 
   The files hold one record per block (the ICT examples pipeline); every batch read draws,
   for each of its blocks, one sentence as the query and a fresh removal coin
-  (``contract.sample_ict_examples``). The draws are stateless, seeded by ``(params.seed or 0,
+  (``features.sample_ict_examples``). The draws are stateless, seeded by ``(params.seed or 0,
   batch number)`` (the batch number counts the batches this input pipeline has read, after
   shuffling and repeating), so a run is reproducible for a fixed seed and validation, read in
   order, draws the same pairs at every pass. ``remove_prob`` defaults to the manifest's (the
@@ -110,6 +112,8 @@ class IctLoader:
     query_seq_length: query length (the model's).
     block_seq_length: block length (the model's).
     remove_prob: overrides the manifest's ``remove_prob``.
+    mask_id: the ``[MASK]`` id, needed when ``params.query_mask_prob`` > 0 (queries with a
+      masked span, ``features.mask_query_spans``).
 
   Raises:
     InputError: no files, directories of another ICT format (e.g. the older fixed pairs; the
@@ -119,24 +123,29 @@ class IctLoader:
   """
 
   def __init__(self, params: configs.IctDataConfig, query_seq_length: int,
-               block_seq_length: int, remove_prob: Optional[float] = None):
+               block_seq_length: int, remove_prob: Optional[float] = None,
+               mask_id: Optional[int] = None):
     self.params = params
+    if params.query_mask_prob > 0 and mask_id is None:
+      raise InputError("ICT with query_mask_prob > 0 needs the vocabulary's [MASK] id")
+    self.masking = dict(query_mask_prob=params.query_mask_prob, mask_id=mask_id or -1,
+                        max_mask_span=params.query_mask_span)
     self.lengths = dict(query_seq_length=query_seq_length, block_seq_length=block_seq_length)
     self.files = record_files(params.input_path)
-    manifests = []
+    found = []
     for directory in sorted({os.path.dirname(f) for f in self.files}):
       try:
-        manifests.append(contract.load_ict_manifest(directory))
-      except contract.DataError as e:
+        found.append(manifests.load_ict_manifest(directory))
+      except manifests.DataError as e:
         raise InputError(str(e)) from None
-      written = manifests[-1].get("block_seq_length", block_seq_length)
+      written = found[-1].get("block_seq_length", block_seq_length)
       if block_seq_length > written:
         # Sentences past the written length were dropped: a longer block would not be whole.
         raise InputError(f"the ICT blocks in {directory} were written for block_seq_length="
                          f"{written} but the model's is {block_seq_length}; rebuild them with "
                          f"python -m data_prep.ict_examples --block_seq_length={block_seq_length}")
-    special_ids = {(m["cls_id"], m["sep_id"]) for m in manifests}
-    probs = {m["remove_prob"] for m in manifests}
+    special_ids = {(m["cls_id"], m["sep_id"]) for m in found}
+    probs = {m["remove_prob"] for m in found}
     if len(special_ids) > 1 or (remove_prob is None and len(probs) > 1):
       raise InputError(f"the ICT directories of {params.input_path} differ in (cls_id, sep_id) "
                        f"{sorted(special_ids)} or remove_prob {sorted(probs)}")
@@ -148,7 +157,7 @@ class IctLoader:
     return distribute(tf.data.TFRecordDataset(self.files), self.params, input_context)
 
   def load(self, input_context=None) -> tf.data.Dataset:
-    """Batches of sampled examples (``contract.ict_features``, int32)."""
+    """Batches of sampled examples (``features.ict_features``, int32)."""
     pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline_id = input_context.input_pipeline_id if input_context else 0
     base_seed = tf.constant(self.params.seed or 0, tf.int64)
@@ -156,9 +165,9 @@ class IctLoader:
     def sample(batch_number, serialized):
       # Input pipelines read different blocks; their seeds differ too.
       seed = tf.stack([base_seed, batch_number * pipelines + pipeline_id])
-      return contract.sample_ict_examples(
-          contract.parse_ict_example(serialized), seed, remove_prob=self.remove_prob,
-          cls_id=self.cls_id, sep_id=self.sep_id, **self.lengths)
+      return features.sample_ict_examples(
+          features.parse_ict_example(serialized), seed, remove_prob=self.remove_prob,
+          cls_id=self.cls_id, sep_id=self.sep_id, **self.lengths, **self.masking)
 
     return self.serialized(input_context).enumerate().map(
         sample, num_parallel_calls=tf.data.AUTOTUNE).prefetch(2)
@@ -170,9 +179,9 @@ class MaskedExamplesLoader:
   features (``source_uid``, ``answer``, ``sentence``) included.
 
   When training with ``params.resample_masks``, every read of a sentence draws one of its
-  masking variants (``contract.choose_pretrain_variant``, seeded by ``params.seed`` and the
+  masking variants (``features.choose_pretrain_variant``, seeded by ``params.seed`` and the
   batch's position in the stream); otherwise, and in :meth:`read_all`, the fixed masking.
-  Either way the batches have the keys, shapes and dtypes of ``contract.parse_pretrain_example``.
+  Either way the batches have the keys, shapes and dtypes of ``features.parse_pretrain_example``.
   """
 
   def __init__(self, params, query_seq_length: int, max_masks: int, input_path=None):
@@ -187,16 +196,16 @@ class MaskedExamplesLoader:
     records = distribute(tf.data.TFRecordDataset(self.files), self.params, input_context)
     if not (self.params.is_training and getattr(self.params, "resample_masks", False)):
       return records.map(
-          lambda r: contract.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
+          lambda r: features.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
     seed = tf.constant(self.params.seed or 0, tf.int64)
     pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline = input_context.input_pipeline_id if input_context else 0
 
     def choose(step, serialized):
-      parsed = contract.parse_pretrain_example(serialized, self.query_seq_length, self.max_masks,
+      parsed = features.parse_pretrain_example(serialized, self.query_seq_length, self.max_masks,
                                                with_variants=True)
       # A seed per batch of the (repeated) stream: each read of a sentence draws afresh.
-      return contract.choose_pretrain_variant(parsed, tf.stack([seed, step * pipelines + pipeline]))
+      return features.choose_pretrain_variant(parsed, tf.stack([seed, step * pipelines + pipeline]))
 
     return records.enumerate().map(choose)
 
@@ -204,6 +213,6 @@ class MaskedExamplesLoader:
     """Every example of the files as NumPy arrays (for host-side preprocessing)."""
     import numpy as np  # pylint: disable=g-import-not-at-top
     dataset = tf.data.TFRecordDataset(self.files).batch(4096).map(
-        lambda r: contract.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
+        lambda r: features.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
     batches = list(dataset.as_numpy_iterator())
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}

@@ -33,7 +33,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import tensorflow as tf
 
-from realm_tf.data import contract
+from realm_tf.data import manifests
 
 TEXT = "text"
 REGEX = "regex"
@@ -46,7 +46,7 @@ MAKE_COMMAND = "python -m data_prep.open_qa --output_dir <qa_dir> --data_dir ass
 MAX_LOGGED_PROBLEMS = 20
 
 
-class QAFormatError(contract.DataError):
+class QAFormatError(manifests.DataError):
   """A QA file without a valid record; the message names the file and its first problem."""
 
 
@@ -117,14 +117,14 @@ def read_qa(path: str, answer_type: Optional[str] = None) -> Tuple[List[QARecord
     ``"<path>:<line>: <why>"`` per skipped line (each also logged as a warning).
 
   Raises:
-    contract.MissingDataError: ``path`` does not exist.
-    QAFormatError: (a ``contract.DataError``) ``path`` has no valid record.
+    manifests.MissingDataError: ``path`` does not exist.
+    QAFormatError: (a ``manifests.DataError``) ``path`` has no valid record.
     ValueError: ``answer_type`` is not one of :data:`ANSWER_TYPES`.
   """
   if answer_type is not None and answer_type not in ANSWER_TYPES:
     raise ValueError(f"answer_type must be one of {ANSWER_TYPES} or None, got {answer_type!r}")
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(f"QA file not found: {path}")
+    raise manifests.MissingDataError(f"QA file not found: {path}")
   records, problems = [], []
   with tf.io.gfile.GFile(path, "rb") as f:
     for i, raw in enumerate(f, start=1):
@@ -167,25 +167,25 @@ def resolve_dataset(dataset: str, qa_dir: Optional[str],
     ``(path, None)`` (each record's own answer type).
 
   Raises:
-    contract.DataError: a name without ``qa_dir``.
-    contract.MissingDataError: the named dataset's file, or the path, does not exist.
+    manifests.DataError: a name without ``qa_dir``.
+    manifests.MissingDataError: the named dataset's file, or the path, does not exist.
     ValueError: an unknown ``split``.
   """
   if dataset not in DATASETS:
     if not tf.io.gfile.exists(dataset):
-      raise contract.MissingDataError(
+      raise manifests.MissingDataError(
           f"QA file not found: {dataset} (a dataset is one of {', '.join(DATASETS)} or the "
           "path of a JSON lines file)")
     return dataset, None
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   if not qa_dir:
-    raise contract.DataError(
+    raise manifests.DataError(
         f"dataset {dataset!r} needs --qa_dir: the output directory of "
         "`python -m data_prep.open_qa` (or give the path of a QA file instead)")
   path = os.path.join(qa_dir, f"{dataset}-{split}.jsonl")
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(
+    raise manifests.MissingDataError(
         f"QA file not found: {path}; make it with `{MAKE_COMMAND.replace('<qa_dir>', qa_dir)}`")
   return path, DATASETS[dataset]
 

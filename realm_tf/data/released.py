@@ -7,7 +7,7 @@ embed as two TFRecord files of raw UTF-8 strings, one string per record:
 * ``titles.tfr``: the title of the page block ``i`` comes from.
 
 :func:`import_released_blocks` reads both in step and writes a blocks directory in the format of
-``realm_tf.data.contract``: ``block_id`` = record index (row ``i`` of ``block_emb``), ``title``
+``realm_tf.data.manifests``: ``block_id`` = record index (row ``i`` of ``block_emb``), ``title``
 = the title, ``body`` = the block text, ``token_ids`` = ``[CLS] title [SEP] body [SEP]`` as
 ``RealmTokenizer.block_inputs`` packs them. It streams: blocks are tokenized in batches in a
 ``tf.data`` pipeline and written shard by shard, and the corpus fingerprint is hashed as the
@@ -31,7 +31,8 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import features
+from realm_tf.data import manifests
 
 # Blocks per output shard when the number of shards is not given.
 BLOCKS_PER_SHARD = 200_000
@@ -39,7 +40,7 @@ DEFAULT_BATCH_SIZE = 4096
 
 
 class _Fingerprint:
-  """:func:`contract.corpus_fingerprint`, fed one uid at a time."""
+  """:func:`manifests.corpus_fingerprint`, fed one uid at a time."""
 
   def __init__(self):
     self._sha1 = hashlib.sha1()
@@ -68,14 +69,14 @@ def count_records(path: str) -> int:
   read as TFRecords.
   """
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(f"file not found: {path}")
+    raise manifests.MissingDataError(f"file not found: {path}")
   if tf.io.gfile.isdir(path):
-    raise contract.CorpusFormatError(f"{path} is a directory, not a TFRecord file")
+    raise manifests.CorpusFormatError(f"{path} is a directory, not a TFRecord file")
   dataset = tf.data.TFRecordDataset(path).batch(1 << 16)
   try:
     count = dataset.reduce(np.int64(0), lambda n, b: n + tf.shape(b, out_type=tf.int64)[0])
   except tf.errors.OpError as e:
-    raise contract.CorpusFormatError(
+    raise manifests.CorpusFormatError(
         f"cannot read {path} as TFRecords: {_first_line(e)}") from None
   return int(count)
 
@@ -84,20 +85,20 @@ def _decode(record: bytes, path: str, index: int) -> str:
   try:
     return record.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise contract.CorpusFormatError(
+    raise manifests.CorpusFormatError(
         f"{path}: record {index} is not valid UTF-8 ({e.reason} at byte {e.start})") from None
 
 
 def _stale_shards(blocks_dir: str) -> List[str]:
-  return contract.shard_files(blocks_dir, contract.BLOCKS_PREFIX)
+  return manifests.shard_files(blocks_dir, manifests.BLOCKS_PREFIX)
 
 
 def _prepare_output(blocks_dir: str) -> None:
   """Creates ``blocks_dir``; refuses a finished corpus there and removes an unfinished one's
   shards (a directory without its manifest is absent)."""
-  if tf.io.gfile.exists(os.path.join(blocks_dir, contract.MANIFEST)):
-    raise contract.DataError(
-        f"{blocks_dir} already holds a blocks directory ({contract.MANIFEST}); remove it or "
+  if tf.io.gfile.exists(os.path.join(blocks_dir, manifests.MANIFEST)):
+    raise manifests.DataError(
+        f"{blocks_dir} already holds a blocks directory ({manifests.MANIFEST}); remove it or "
         "choose another output directory")
   tf.io.gfile.makedirs(blocks_dir)
   for path in _stale_shards(blocks_dir):
@@ -133,7 +134,7 @@ def import_released_blocks(blocks_tfr: str,
                            vocab_file: str,
                            blocks_dir: str,
                            lower_case: bool = True,
-                           block_seq_length: int = contract.BLOCK_SEQ_LENGTH,
+                           block_seq_length: int = features.BLOCK_SEQ_LENGTH,
                            num_shards: Optional[int] = None,
                            progress: bool = True,
                            limit: Optional[int] = None,
@@ -143,7 +144,7 @@ def import_released_blocks(blocks_tfr: str,
   Both files are counted first, so that a mismatched pair is refused before anything is
   tokenized; then they are read in step, tokenized in batches and written shard by shard
   (shard ``s`` of ``N`` holds the blocks ``s * n // N`` up to ``(s + 1) * n // N``, as
-  ``contract.write_blocks`` splits them). The manifest is written last.
+  ``manifests.write_blocks`` splits them). The manifest is written last.
 
   Args:
     blocks_tfr: the released ``blocks.tfr`` (one UTF-8 block text per record).
@@ -160,7 +161,7 @@ def import_released_blocks(blocks_tfr: str,
     batch_size: blocks tokenized at a time.
 
   Returns:
-    The manifest: the keys of ``contract.write_blocks``' manifest (``num_blocks``,
+    The manifest: the keys of ``manifests.write_blocks``' manifest (``num_blocks``,
     ``vocab_file``, ``vocab_sha1``, ``lower_case``, ``block_seq_length``, ``fingerprint``,
     ``num_shards``) plus ``source`` = ``{"blocks_tfr", "titles_tfr"}``.
 
@@ -181,11 +182,11 @@ def import_released_blocks(blocks_tfr: str,
   tokenizer = tokenization.RealmTokenizer(vocab_file, lower_case=lower_case)
   num_texts, num_titles = count_records(blocks_tfr), count_records(titles_tfr)
   if num_texts != num_titles:
-    raise contract.CorpusFormatError(
+    raise manifests.CorpusFormatError(
         f"{blocks_tfr} has {num_texts} records but {titles_tfr} has {num_titles}: record i "
         "of the titles must be the title of block i (use the two files of one release)")
   if num_texts == 0:
-    raise contract.EmptyCorpusError(f"{blocks_tfr} and {titles_tfr} hold no records")
+    raise manifests.EmptyCorpusError(f"{blocks_tfr} and {titles_tfr} hold no records")
   n = min(num_texts, limit) if limit else num_texts
   num_shards = num_shards or math.ceil(n / BLOCKS_PER_SHARD)
   if num_shards < 0:
@@ -210,12 +211,12 @@ def import_released_blocks(blocks_tfr: str,
           shard += 1
           shard_end = (shard + 1) * n // num_shards
           writer = tf.io.TFRecordWriter(os.path.join(
-              blocks_dir, contract.shard_name(contract.BLOCKS_PREFIX, shard, num_shards)))
+              blocks_dir, manifests.shard_name(manifests.BLOCKS_PREFIX, shard, num_shards)))
         title = _decode(titles[row], titles_tfr, block_id)
         body = _decode(bodies[row], blocks_tfr, block_id)
-        uid = contract.block_uid(title, body)
+        uid = features.block_uid(title, body)
         fingerprint.update(uid)
-        writer.write(contract.serialize_block(block_id, uid, title, body,
+        writer.write(features.serialize_block(block_id, uid, title, body,
                                               word_ids[row, :length].tolist()))
         block_id += 1
       bar.update(len(lengths))
@@ -223,12 +224,12 @@ def import_released_blocks(blocks_tfr: str,
       writer.close()
       writer = None
     if block_id != n:
-      raise contract.CorpusFormatError(
+      raise manifests.CorpusFormatError(
           f"read {block_id} blocks from {blocks_tfr} and {titles_tfr}, expected {n} (did the "
           "files change while being read?)")
   except tf.errors.OpError as e:
     _discard(blocks_dir, writer)
-    raise contract.CorpusFormatError(
+    raise manifests.CorpusFormatError(
         f"cannot read {blocks_tfr} / {titles_tfr}: {_first_line(e)}") from None
   except BaseException:
     _discard(blocks_dir, writer)
@@ -239,14 +240,14 @@ def import_released_blocks(blocks_tfr: str,
   manifest = {
       "num_blocks": n,
       "vocab_file": vocab_file,
-      "vocab_sha1": contract.file_sha1(vocab_file),
+      "vocab_sha1": manifests.file_sha1(vocab_file),
       "lower_case": bool(lower_case),
       "block_seq_length": int(block_seq_length),
       "fingerprint": fingerprint.hexdigest(),
       "num_shards": num_shards,
       "source": {"blocks_tfr": _absolute(blocks_tfr), "titles_tfr": _absolute(titles_tfr)},
   }
-  path = os.path.join(blocks_dir, contract.MANIFEST)
+  path = os.path.join(blocks_dir, manifests.MANIFEST)
   with tf.io.gfile.GFile(path + ".tmp", "w") as f:
     json.dump(manifest, f, indent=2)
   tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

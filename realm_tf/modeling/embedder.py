@@ -15,6 +15,10 @@ class RealmEmbedder(encoders.NetworkConfigMixin, tf_keras.Model):
       ``BertEncoderV2``).
     projection_size: width of the embedding (128 in REALM).
     initializer_range: stddev of the truncated-normal initializer of the projection.
+    projection_dropout: dropout rate on the normalized embedding when training. ORQA's
+      retriever module (``orqa/models/ict_model.py``) applies 0.1 after its LayerNorm, and
+      REALM loads that module with the train tags, so both ICT and REALM train the
+      retriever with it.
 
   Example::
 
@@ -23,22 +27,25 @@ class RealmEmbedder(encoders.NetworkConfigMixin, tf_keras.Model):
   """
 
   def __init__(self, network, projection_size: int = 128, initializer_range: float = 0.02,
-               **kwargs):
+               projection_dropout: float = 0.0, **kwargs):
     super().__init__(**kwargs)
-    self._config = dict(projection_size=projection_size, initializer_range=initializer_range)
+    self._config = dict(projection_size=projection_size, initializer_range=initializer_range,
+                        projection_dropout=projection_dropout)
     self.encoder = network
     self.projection = tf_keras.layers.Dense(
         projection_size, name="dense",
         kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range))
     # TF1's layer_norm, as in the released module, uses epsilon 1e-12.
     self.layer_norm = tf_keras.layers.LayerNormalization(epsilon=1e-12, name="LayerNorm")
+    self.dropout = tf_keras.layers.Dropout(projection_dropout)
 
   def call(self, inputs, training=None):
     """``inputs``: dict of int32 ``input_word_ids``, ``input_mask``, ``input_type_ids``."""
     outputs = self.encoder(
         dict(input_word_ids=inputs["input_word_ids"], input_mask=inputs["input_mask"],
              input_type_ids=inputs["input_type_ids"]), training=training)
-    return self.layer_norm(self.projection(outputs["pooled_output"]))
+    return self.dropout(self.layer_norm(self.projection(outputs["pooled_output"])),
+                        training=training)
 
   def build_from_length(self, seq_length: int = 2):
     """Creates every variable by calling the model once on a dummy batch."""

@@ -11,7 +11,8 @@ from realm_tf.modeling.reader import KnowledgeAugmentedEncoder
 def build_embedder(config: configs.RetrieverConfig, name: str = "embedder") -> RealmEmbedder:
   embedder = RealmEmbedder(build_bert_encoder(config.encoder, name=f"{name}_bert"),
                            projection_size=config.projection_size,
-                           initializer_range=config.encoder.initializer_range, name=name)
+                           initializer_range=config.encoder.initializer_range,
+                           projection_dropout=config.projection_dropout, name=name)
   return embedder.build_from_length()
 
 

@@ -75,7 +75,9 @@ class RealmPretrainer(tf_keras.Model):
   ``reader_word_ids``/``reader_mask``/``reader_type_ids`` ``[b, k, Lr]``;
   ``mlm_positions`` ``[b, m]`` (positions in the query, which also start the reader input).
 
-  Outputs: ``retrieval_logits`` ``[b, k]`` and ``mlm_logits`` ``[b, k, m, vocab]``.
+  Outputs: ``retrieval_logits`` ``[b, k]``, ``mlm_logits`` ``[b, k, m, vocab]``, and the
+  embeddings they came from, ``query_embedding`` ``[b, d]`` and ``candidate_embeddings``
+  ``[b, k, d]`` (for the retrieval-health signals, ``realm_tf.health``).
   """
 
   def __init__(self, query_embedder, block_embedder, reader, **kwargs):
@@ -99,10 +101,11 @@ class RealmPretrainer(tf_keras.Model):
     batch = tf.shape(features["candidate_word_ids"])[0]
     k = features["candidate_word_ids"].shape[1]
     blocks = self.block_embedder(tower_inputs(features, "candidate"), training=training)
-    blocks = tf.reshape(blocks, [batch, k, -1])                                      # [b, k, d]
+    blocks = tf.reshape(blocks, [batch, k, blocks.shape[-1]])                        # [b, k, d]
     retrieval_logits = tf.einsum("bd,bkd->bk", query, blocks)
     return dict(retrieval_logits=retrieval_logits,
-                mlm_logits=read_candidates(self.reader, features, training))
+                mlm_logits=read_candidates(self.reader, features, training),
+                query_embedding=query, candidate_embeddings=blocks)
 
 
 def read_candidates(reader, features, training=None):

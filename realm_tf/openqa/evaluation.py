@@ -33,7 +33,7 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf.data import answers as answers_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import inputs as inputs_lib
 
@@ -43,12 +43,6 @@ EVIDENCE_NAME = "predictions_with_evidence.jsonl"
 METRICS_NAME = "metrics.json"
 # Malformed prediction lines logged one by one; the rest are only counted.
 MAX_LOGGED_PROBLEMS = 20
-
-
-def question_of(record: qa_lib.QARecord) -> inputs_lib.Question:
-  """The model's question of a QA record."""
-  return inputs_lib.Question(record.question, list(record.answers),
-                             record.answer_type == qa_lib.REGEX)
 
 
 def _evidence_row(qa, result: Dict) -> Dict:
@@ -99,7 +93,7 @@ def evaluate(qa, records: Sequence[qa_lib.QARecord], batch_size: int = 32,
     ``text``; None elsewhere). :func:`prediction_line` cuts a row to ORQA's format.
 
   Raises:
-    ValueError: ``batch_size`` < 1, no records, or an empty question.
+    ValueError: ``batch_size`` < 1 or no records; ``inputs.QuestionError``: an empty question.
   """
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -115,7 +109,7 @@ def evaluate(qa, records: Sequence[qa_lib.QARecord], batch_size: int = 32,
   with tqdm.tqdm(total=len(records), unit="question", desc="realm-eval",
                  disable=not progress) as bar:
     for i in range(0, len(records), batch_size):
-      batch = [question_of(r) for r in records[i:i + batch_size]]
+      batch = [inputs_lib.question_of(r) for r in records[i:i + batch_size]]
       # A short last batch is padded with copies of its last question (their results are
       # dropped), so that every batch has one shape and the model is traced once.
       padded = batch + [batch[-1]] * (min(batch_size, len(records)) - len(batch))
@@ -194,10 +188,10 @@ def read_predictions(path: str) -> Tuple[Dict[str, str], List[str]]:
   skipped and reported as ``"<path>:<line>: <why>"`` (also logged); empty lines are ignored.
 
   Raises:
-    contract.MissingDataError: ``path`` does not exist.
+    manifests.MissingDataError: ``path`` does not exist.
   """
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(f"predictions file not found: {path}")
+    raise manifests.MissingDataError(f"predictions file not found: {path}")
   predictions, problems = {}, []
   with tf.io.gfile.GFile(path, "rb") as f:
     for i, raw in enumerate(f, start=1):
@@ -233,7 +227,7 @@ def score_predictions(predictions_path: str,
     reference's) and ``skipped_prediction_lines`` (malformed lines, skipped).
 
   Raises:
-    contract.MissingDataError: no predictions file.
+    manifests.MissingDataError: no predictions file.
     ValueError: no references.
   """
   if not references:

@@ -21,6 +21,7 @@ characters, not to detokenized wordpieces.
 """
 
 import dataclasses
+import logging
 import re
 import unicodedata
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -28,7 +29,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import configs
+from realm_tf import errors
 from realm_tf.data import answers as answers_lib
+from realm_tf.data import qa as qa_lib
 
 FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_ids", "beam_emb",
             "retriever_correct", "reader_word_ids", "reader_mask", "reader_type_ids",
@@ -180,11 +184,29 @@ def find_regex_spans(block: BlockText, patterns: Sequence[str]) -> List[Tuple[in
   return spans
 
 
+class QuestionError(errors.RealmError, ValueError):
+  """A question that cannot be asked (an empty one)."""
+
+
 @dataclasses.dataclass
 class Question:
   question: str
   answers: List[str]
   is_regex: bool = False
+
+
+def question_of(record: qa_lib.QARecord) -> Question:
+  """The model's question of a QA record (``realm_tf.data.qa.read_qa``)."""
+  return Question(record.question, list(record.answers), record.answer_type == qa_lib.REGEX)
+
+
+def load_questions(path: str, answer_type: str = "") -> List[Question]:
+  """The questions of a QA file (``answer_type``: ``read_qa``'s, "" for the file's own);
+  malformed lines are skipped and counted (logged)."""
+  records, skipped = qa_lib.read_qa(path, answer_type=answer_type or None)
+  if skipped:
+    logging.warning("%s: skipped %d malformed lines (first: %s)", path, len(skipped), skipped[0])
+  return [question_of(r) for r in records]
 
 
 class OpenQaInputBuilder:
@@ -215,8 +237,8 @@ class OpenQaInputBuilder:
     if len(bodies) != len(embeddings):
       raise ValueError(f"{len(bodies)} blocks but {len(embeddings)} block embeddings")
     if reader_beam_size > retriever_beam_size:
-      raise ValueError(f"reader_beam_size {reader_beam_size} > retriever_beam_size "
-                       f"{retriever_beam_size}")
+      raise configs.ConfigError(f"reader_beam_size {reader_beam_size} > retriever_beam_size "
+                                f"{retriever_beam_size} (the beam is at most the corpus)")
     if retriever_beam_size > len(bodies):
       raise ValueError(f"retriever_beam_size {retriever_beam_size} is larger than the corpus "
                        f"({len(bodies)} blocks)")
@@ -233,8 +255,8 @@ class OpenQaInputBuilder:
     if trainable_blocks and (blocks is None or block_seq_length <= 0):
       raise ValueError("trainable_blocks needs blocks and block_seq_length")
     if not 0 <= trainable_blocks <= retriever_beam_size:
-      raise ValueError(f"trainable_blocks {trainable_blocks} is not in [0, retriever_beam_size "
-                       f"{retriever_beam_size}]")
+      raise configs.ConfigError(f"trainable_blocks {trainable_blocks} is not in [0, "
+                                f"retriever_beam_size {retriever_beam_size}]")
     self.blocks = blocks
     self.block_seq_length = block_seq_length
     self.trainable_blocks = trainable_blocks

@@ -21,11 +21,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.modeling.models import OpenQaModel
+from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
-from realm_tf.tasks import openqa as openqa_task
 
 
 @dataclasses.dataclass
@@ -56,6 +55,32 @@ class Answer:
     return dataclasses.asdict(self)
 
 
+def predictions(outputs: Dict[str, tf.Tensor], features: Dict[str, tf.Tensor]):
+  """The best (block, span) of each question over every span of every read block (ORQA's
+  ``get_predictions``): its index in the read blocks, its flat candidate index, and its
+  wordpiece positions inside the block text."""
+  logits = outputs["reader_logits"]                                        # [b, R, C]
+  batch, read, num_spans = tf.shape(logits)[0], logits.shape[1], logits.shape[2]
+  best = tf.argmax(tf.reshape(logits, [batch, read * num_spans]), -1, output_type=tf.int32)
+  block, span = best // num_spans, best % num_spans
+  index = tf.stack([block, span], -1)
+  start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)
+  end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)
+  # The block text starts after [CLS] question [SEP]: the type-0 positions of its row.
+  row_mask = tf.gather(features["reader_mask"], block, batch_dims=1)
+  row_types = tf.gather(features["reader_type_ids"], block, batch_dims=1)
+  offset = tf.reduce_sum(row_mask - row_types, -1)
+  return dict(block=block, span=span, start=start - offset, end=end - offset,
+              score=tf.reduce_max(tf.reshape(logits, [batch, -1]), -1))
+
+
+def span_text(block: inputs_lib.BlockText, start: int, end: int) -> str:
+  """The characters of the block text that wordpieces ``start..end`` cover."""
+  if not len(block.token_ids) or start < 0 or end >= len(block.token_ids) or end < start:
+    return ""
+  return block.text[int(block.char_starts[start]):int(block.char_ends[end])]
+
+
 def best_checkpoint(model_dir: str) -> str:
   """The best checkpoint by dev EM (``best_ckpt/``) when training kept one, else the newest."""
   best = tf.train.latest_checkpoint(f"{model_dir}/best_ckpt")
@@ -80,8 +105,8 @@ class OpenQA:
     blocks_dir: the index's corpus (default: the one its manifest names).
     checkpoint: a checkpoint (default: ``best_checkpoint``).
     reader_beam_size: blocks read per question (ORQA: 5).
-    retriever_beam_size: blocks retrieved per question (default: the reader beam; more only
-      for ``top_k_match`` in evaluation).
+    retriever_beam_size: blocks retrieved per question, at most the corpus (default: the
+      reader beam; more only for ``top_k_match`` in evaluation).
   """
 
   def __init__(self, model: OpenQaModel, builder: inputs_lib.OpenQaInputBuilder,
@@ -96,7 +121,7 @@ class OpenQA:
 
   def _forward(self, features):
     out = self.model(features, training=False)
-    return openqa_task.predictions(out, features), out["retriever_logits"]
+    return predictions(out, features), out["retriever_logits"]
 
   @classmethod
   def load(cls, model_dir: str, index_dir: str, blocks_dir: Optional[str] = None,
@@ -107,11 +132,10 @@ class OpenQA:
     check_span_scorer(checkpoint, model_dir)
     model = OpenQaModel.from_config_dataclass(config)
     model_dir_lib.restore(checkpoint, query_embedder=model.query_embedder, reader=model.reader)
-    task_config = configs.OpenQaTaskConfig(
-        model=config, index_dir=index_dir, blocks_dir=blocks_dir or "",
-        reader_beam_size=reader_beam_size,
+    builder = host.build_input_builder(
+        config, index_dir, blocks_dir or "", reader_beam_size=reader_beam_size,
         retriever_beam_size=retriever_beam_size or reader_beam_size)
-    return cls(model, openqa_task.build_input_builder(task_config), checkpoint)
+    return cls(model, builder, checkpoint)
 
   def predict(self, questions: Sequence[inputs_lib.Question]) -> List[Dict]:
     """One batch: per question, the answer, its place, the beam and what is correct."""
@@ -119,7 +143,7 @@ class OpenQA:
       return []
     for q in questions:
       if not q.question.strip():
-        raise ValueError("empty question")
+        raise inputs_lib.QuestionError("empty question")
     start = time.perf_counter()
     question_inputs = self.builder.question_inputs([q.question for q in questions])
     embeddings = self._embed({f"input_{k[9:]}": tf.constant(v)
@@ -127,7 +151,7 @@ class OpenQA:
     features = self.builder.features(questions, embeddings, question_inputs=question_inputs)
     blocks = [self.builder.block_texts(row[:self.builder.read]) for row in features["beam_ids"]]
     middle = time.perf_counter()
-    device = {k: tf.constant(features[k]) for k in openqa_task.MODEL_FEATURES}
+    device = {k: tf.constant(features[k]) for k in host.MODEL_FEATURES}
     best, retriever_logits = self._read(device)
     best = {k: v.numpy() for k, v in best.items()}
     retriever_logits = retriever_logits.numpy()
@@ -138,7 +162,7 @@ class OpenQA:
     for i, q in enumerate(questions):
       rank, s, e = int(best["block"][i]), int(best["start"][i]), int(best["end"][i])
       block = blocks[i][rank]
-      text = openqa_task.span_text(block, s, e)
+      text = span_text(block, s, e)
       char_start = int(block.char_starts[s]) if text else 0
       results.append(dict(
           question=q, answer=text, score=float(best["score"][i]), block_rank=rank,

@@ -8,7 +8,7 @@
 * ``refresher``: ``refresh_loop`` and ``build_index_for_checkpoint`` (``realm-refresh``).
 * ``search``: ``TextSearcher``, query text to top-k blocks (``realm-index search``).
 
-The blocks directory itself is ``realm_tf.data.contract``'s.
+The blocks directory itself is ``realm_tf.data.manifests``'.
 """
 
 from realm_tf.retrieval.errors import (CheckpointNotFoundError, CorpusFormatError,

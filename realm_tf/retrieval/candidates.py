@@ -7,7 +7,10 @@ For a batch of masked queries (the pre-training examples pipeline's output):
 3. drop every block whose uid equals the query's source uid ("prohibit trivial retrieval");
 4. put the null block (``[CLS] [SEP] [SEP]``) first and keep ``k`` candidates in all;
 5. build int32 block inputs ``[b, k, Lb]`` and reader inputs ``[CLS] query [SEP] body [SEP]``
-   ``[b, k, Lr]``.
+   ``[b, k, Lr]``;
+6. mark the candidates that hold the masked answer (``candidate_holds_answer``, for the
+   retrieval-health signals) and skip, as REALM's example generator does, an example whose
+   retrieved blocks repeat a uid (its ``mlm_weights`` zeroed; ``skipped_duplicates`` = 1).
 
 Between batches ``maybe_swap`` picks up a newer index (unless refreshing is disabled: the
 stale-index ablation), and every batch carries the step of the index it was retrieved with.
@@ -21,8 +24,9 @@ import tensorflow as tf
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
+from realm_tf.data import answers
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import features
 from realm_tf.data.loaders import InputError
 
 
@@ -30,13 +34,13 @@ def pack_blocks(blocks: List[Dict], seq_length: int, cls_id: int, sep_id: int):
   """Blocks (``token_ids`` = ``[CLS] title [SEP] body [SEP]``) -> fixed-length arrays.
 
   Row ``len(blocks)`` is the null block ``[CLS] [SEP] [SEP]``. The packing is the refresher's
-  (``contract.pack_block_ids``), so the trainer rescores exactly what the index
+  (``features.pack_block_ids``), so the trainer rescores exactly what the index
   embedded. Returns ``word_ids``, ``mask``, ``type_ids`` (int32 ``[n + 1, seq_length]``) and
   ``bodies``: per row, the body tokens with their closing ``[SEP]`` (for the reader).
   """
   rows = [np.asarray(b["token_ids"], np.int32) for b in blocks]
   rows.append(np.array([cls_id, sep_id, sep_id], np.int32))
-  packed = contract.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
+  packed = features.pack_block_ids(tf.ragged.constant(rows, dtype=tf.int32), seq_length,
                                    sep_id)
   bodies = [tokens[int(np.argmax(tokens == sep_id)) + 1:] for tokens in rows]
   return (packed["input_word_ids"].numpy(), packed["input_mask"].numpy(),
@@ -67,7 +71,7 @@ class CandidateBuilder:
   them. Either way the features are the same.
 
   Args:
-    blocks: the corpus: a ``BlockStore``, or the blocks as ``contract.read_blocks`` returns
+    blocks: the corpus: a ``BlockStore``, or the blocks as ``manifests.read_blocks`` returns
       them (``block_id`` = row).
     model_config: the ``RealmModelConfig`` (sequence lengths, number of candidates).
     handle: an ``IndexHandle`` (``search``, ``maybe_swap``, ``step``,
@@ -174,6 +178,24 @@ class CandidateBuilder:
       out[i, 1:] = kept
     return out
 
+  def repeated_uids(self, candidates: np.ndarray) -> np.ndarray:
+    """bool ``[b]``: do an example's retrieved candidates (the null block aside) repeat a uid?
+    (REALM's ``example_generator.generate_queries_and_candidates`` skips those examples.)"""
+    out = np.zeros(len(candidates), bool)
+    for i, row in enumerate(candidates):
+      digests = [self.store.uid_digest(int(r)) for r in row if r != self.null_row]
+      out[i] = len(set(digests)) < len(digests)
+    return out
+
+  def holds_answer(self, candidates: np.ndarray, answer_texts) -> np.ndarray:
+    """float32 ``[b, k]``: 1 where the candidate's body holds the example's masked answer
+    (``answers.holds_answer``); the null block never does."""
+    out = np.zeros(candidates.shape, np.float32)
+    for i, (row, answer) in enumerate(zip(candidates, answer_texts)):
+      for j, r in enumerate(row):
+        out[i, j] = r != self.null_row and answers.holds_answer(self.bodies_text[int(r)], answer)
+    return out
+
   # ---- inputs ----
   def features(self, examples: Dict[str, np.ndarray],
                candidates: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
@@ -188,6 +210,9 @@ class CandidateBuilder:
     reader_ids, reader_types = self.reader_inputs(query_ids, query_mask, candidates, r_len)
     packed = self._packed(candidates)
     index_step = self.handle.step if self.handle is not None else 0
+    skipped = self.repeated_uids(candidates)
+    holds = (self.holds_answer(candidates, examples["answer"]) if "answer" in examples
+             else np.zeros(candidates.shape, np.float32))
     return dict(
         query_word_ids=query_ids, query_mask=query_mask,
         query_type_ids=np.zeros_like(query_ids),
@@ -198,9 +223,10 @@ class CandidateBuilder:
         reader_type_ids=reader_types,
         mlm_positions=examples["mlm_positions"].astype(np.int32),
         mlm_ids=examples["mlm_ids"].astype(np.int32),
-        mlm_weights=examples["mlm_weights"].astype(np.float32),
+        mlm_weights=examples["mlm_weights"].astype(np.float32) * ~skipped[:, None],
         candidate_rows=candidates.astype(np.int32),
-        index_step=np.full([b], index_step, np.int32))
+        index_step=np.full([b], index_step, np.int32),
+        candidate_holds_answer=holds, skipped_duplicates=skipped.astype(np.float32))
 
   def reader_inputs(self, query_ids: np.ndarray, query_mask: np.ndarray, candidates: np.ndarray,
                     seq_length: int):
@@ -254,4 +280,6 @@ def feature_signature(config: configs.RealmModelConfig) -> Dict[str, tf.TensorSp
       candidate_word_ids=spec(k, bl), candidate_mask=spec(k, bl), candidate_type_ids=spec(k, bl),
       reader_word_ids=spec(k, r), reader_mask=spec(k, r), reader_type_ids=spec(k, r),
       mlm_positions=spec(m), mlm_ids=spec(m), mlm_weights=spec(m, dtype=tf.float32),
-      candidate_rows=spec(k), index_step=spec())
+      candidate_rows=spec(k), index_step=spec(),
+      candidate_holds_answer=spec(k, dtype=tf.float32),
+      skipped_duplicates=spec(dtype=tf.float32))

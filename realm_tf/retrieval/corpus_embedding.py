@@ -27,8 +27,9 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import features
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 
 _SHARD_RE = re.compile(r"embeddings-shard-(\d+)-of-(\d+)\.npy$")
@@ -39,7 +40,7 @@ def _tokens_match(manifest: dict, vocab_file: str, lower_case: bool) -> bool:
   sha1 = manifest.get("vocab_sha1")
   if sha1 is None:
     return True  # No way to tell; trust the data.
-  if sha1 != contract.file_sha1(vocab_file):
+  if sha1 != manifests.file_sha1(vocab_file):
     return False
   return bool(manifest.get("lower_case", lower_case)) == bool(lower_case)
 
@@ -64,8 +65,8 @@ def block_dataset(blocks_dir: str,
   """
   if num_shards < 1 or not 0 <= shard_index < num_shards:
     raise ValueError(f"shard_index {shard_index} is not in [0, num_shards={num_shards})")
-  manifest = contract.load_blocks_manifest(blocks_dir)
-  files = contract.block_shard_files(blocks_dir, manifest)
+  manifest = manifests.load_blocks_manifest(blocks_dir)
+  files = manifests.block_shard_files(blocks_dir, manifest)
   vocab = tokenization.load_vocab(vocab_file)
   sep_id = vocab.index("[SEP]")
   if _tokens_match(manifest, vocab_file, lower_case):
@@ -85,9 +86,9 @@ def block_dataset(blocks_dir: str,
     dataset = dataset.shard(total_shards, shard_index * pipelines + pipeline_id)
 
   def to_inputs(serialized):
-    parsed = contract.parse_block_batch(serialized)
+    parsed = features.parse_block_batch(serialized)
     if tokenizer is None:
-      inputs = contract.pack_block_ids(parsed["token_ids"], seq_length, sep_id)
+      inputs = features.pack_block_ids(parsed["token_ids"], seq_length, sep_id)
     else:
       inputs = tokenizer.block_inputs(parsed["title"], parsed["body"], seq_length)
     return parsed["block_id"], inputs
@@ -143,7 +144,7 @@ def embed_corpus(block_embedder: Callable,
   Args:
     block_embedder: a ``RealmEmbedder`` (created under ``strategy.scope()`` when a strategy is
       given) mapping int32 inputs ``[b, seq_length]`` to float ``[b, d]``.
-    blocks_dir: a blocks directory (see ``realm_tf.data.contract``).
+    blocks_dir: a blocks directory (see ``realm_tf.data.manifests``).
     seq_length: the model's block length; longer blocks are trimmed, shorter ones padded.
     vocab_file, lower_case: the model's vocabulary (to check the blocks' tokenization).
     batch_size: global batch size (split over the strategy's replicas).
@@ -156,7 +157,7 @@ def embed_corpus(block_embedder: Callable,
     reading order.
   """
   strategy = strategy or tf.distribute.get_strategy()
-  manifest = contract.load_blocks_manifest(blocks_dir)
+  manifest = manifests.load_blocks_manifest(blocks_dir)
   total = shard_size(int(manifest["num_blocks"]), shard_index, num_shards)
   if total == 0:
     raise errors.EmptyCorpusError(
@@ -267,15 +268,15 @@ def sample_query_inputs(blocks_dir: str, num_queries: int, seq_length: int, voca
   ``[SEP]`` and segment 0 throughout: realistic inputs for the query tower, used to measure the
   recall of an approximate index against exact search on the embeddings it will really see.
   """
-  manifest = contract.load_blocks_manifest(blocks_dir)
-  files = contract.block_shard_files(blocks_dir, manifest)
+  manifest = manifests.load_blocks_manifest(blocks_dir)
+  files = manifests.block_shard_files(blocks_dir, manifest)
   num_queries = min(num_queries, int(manifest["num_blocks"]))
   dataset = tf.data.Dataset.from_tensor_slices(files).interleave(
       tf.data.TFRecordDataset, cycle_length=len(files), block_length=1)
   serialized = next(iter(dataset.take(num_queries).batch(num_queries)))
-  parsed = contract.parse_block_batch(serialized)
+  parsed = features.parse_block_batch(serialized)
   if _tokens_match(manifest, vocab_file, lower_case):
     sep_id = tokenization.load_vocab(vocab_file).index("[SEP]")
-    return contract.pack_block_ids(parsed["token_ids"], seq_length, sep_id, segment_ids=False)
+    return features.pack_block_ids(parsed["token_ids"], seq_length, sep_id, segment_ids=False)
   tokenizer = tokenization.RealmTokenizer(vocab_file, lower_case=lower_case)
   return tokenizer.query_inputs(parsed["body"], seq_length)

@@ -7,10 +7,10 @@ replicas instead, and each step retrieves with the query tower it is training:
 * **Tables.** Rows ``0 .. n-1`` of the corpus are split into ``R`` equal shards, ``R`` the
   strategy's replicas (the last one padded); replica ``r`` holds rows ``[r S, (r + 1) S)``:
   ``embeddings`` ``[S, d]`` float32 (the published index's, swapped in by :meth:`load`
-  between training loops when the refresher publishes), ``tokens`` ``[S, W + 1]`` int32 (each
-  block's ids ``[CLS] title [SEP] body [SEP]`` then 0, ``W`` the longest block, and its length
-  in the last column) and ``groups`` ``[S]`` int32 (the first row with the block's uid; -1 for
-  padding). They are non-trainable ``SyncOnRead`` variables without aggregation: every
+  between training loops when the refresher publishes), ``tokens`` ``[S, W + 2]`` int32 (each
+  block's ids ``[CLS] title [SEP] body [SEP]`` then 0, ``W`` the longest block, then its length
+  and its uid group) and ``groups`` ``[S]`` int32 (the uid group: the first row with the
+  block's uid; -1 for padding). They are non-trainable ``SyncOnRead`` variables without aggregation: every
   replica keeps its own shard, 1/R of the corpus (at 13.3M blocks, 288 ids, 64 cores:
   106 MB of float32 embeddings and 240 MB of ids a core).
 * **A step** (replica context; this replica's queries ``q`` ``[b, d]``, embedded with the
@@ -24,7 +24,9 @@ replicas instead, and each step retrieves with the query tower it is training:
      others); an all-reduce (sum) gives every replica all of them; keep this replica's;
   5. put the null block ``[CLS] [SEP] [SEP]`` first and build the block inputs and the
      reader's ``[CLS] query [SEP] body [SEP]``, by the host builder's rules
-     (``contract.pack_block_ids``, ``CandidateBuilder.reader_inputs``).
+     (``features.pack_block_ids``, ``CandidateBuilder.reader_inputs``);
+  6. as the host builder does, skip (zero the mask weights of) an example whose candidates
+     repeat a uid group, and mark it in ``skipped_duplicates``.
   The model then rescores these candidates with its current towers, as on the host path.
 
 The search is exact (recall 1.0): per step ``2 B n d`` FLOPs split over the replicas (1.75
@@ -126,8 +128,9 @@ class DeviceRetriever(tf.Module):
       raise InputError(f"the corpus has {n} blocks, {largest} of them with one uid; REALM "
                        f"needs num_candidates - 1 = {self.k - 1} blocks besides a query's own")
     if model_config.reader.seq_length < model_config.retriever.query_seq_length:
-      raise ValueError(f"the reader's seq_length {model_config.reader.seq_length} is shorter "
-                       f"than query_seq_length {model_config.retriever.query_seq_length}")
+      raise configs.ConfigError(
+          f"the reader's seq_length {model_config.reader.seq_length} is shorter than "
+          f"query_seq_length {model_config.retriever.query_seq_length}")
     self.num_shards = self.strategy.num_replicas_in_sync
     self.shard_rows = max(1, math.ceil(n / self.num_shards))
     lengths = np.diff(store._offsets) if n else np.zeros([0])  # pylint: disable=protected-access
@@ -142,7 +145,7 @@ class DeviceRetriever(tf.Module):
 
     with self.strategy.scope():
       self.embeddings = local([s, self.dim], tf.float32)
-      self.tokens = local([s, w + 1], tf.int32)
+      self.tokens = local([s, w + 2], tf.int32)
       self.shard_groups = local([s], tf.int32)
       self.index_step = tf.Variable(-1, trainable=False, dtype=tf.int32)
     self._assign_shards(self.tokens, self._token_shard)
@@ -155,11 +158,12 @@ class DeviceRetriever(tf.Module):
 
   def _token_shard(self, shard: int) -> np.ndarray:
     rows = self._rows(shard)
-    out = np.zeros([self.shard_rows, self.width + 1], np.int32)
+    out = np.zeros([self.shard_rows, self.width + 2], np.int32)
     if len(rows):
       packed = self.store.gather_packed(rows, self.width, self.cls_id, self.sep_id)
       out[:len(rows), :self.width] = packed["input_word_ids"]
       out[:len(rows), self.width] = packed["input_mask"].sum(axis=1)
+      out[:len(rows), self.width + 1] = self.groups[rows]
     return out
 
   def _group_shard(self, shard: int) -> np.ndarray:
@@ -198,7 +202,8 @@ class DeviceRetriever(tf.Module):
 
   # ---- the step (replica context) ----
   def retrieve(self, query_embeddings: tf.Tensor, source_groups: tf.Tensor):
-    """Candidate rows ``[b, k]`` (null first), their token rows ``[b, k, W]`` and lengths."""
+    """Candidate rows ``[b, k]`` (null first), their token rows ``[b, k, W]``, lengths and
+    uid groups (the null block's: -1)."""
     ctx = tf.distribute.get_replica_context()
     many = self.num_shards > 1
     q = tf.cast(query_embeddings, tf.float32)
@@ -228,18 +233,19 @@ class DeviceRetriever(tf.Module):
     # The token rows: gathered where held, summed over the replicas.
     local = top_rows - offset
     held = (local >= 0) & (local < self.shard_rows)
-    rows = tf.gather(tf.identity(self.tokens), tf.where(held, local, 0))     # [B, k-1, W+1]
+    rows = tf.gather(tf.identity(self.tokens), tf.where(held, local, 0))     # [B, k-1, W+2]
     rows = tf.where(held[..., tf.newaxis], rows, 0)
     if many:
       rows = ctx.all_reduce(tf.distribute.ReduceOp.SUM, rows)
       start = shard * b
       rows, top_rows = rows[start:start + b], top_rows[start:start + b]
-    null = tf.constant([self.cls_id, self.sep_id, self.sep_id] + [0] * (self.width - 3) + [3],
-                       tf.int32)
+    null = tf.constant([self.cls_id, self.sep_id, self.sep_id] + [0] * (self.width - 3) +
+                       [3, -1], tf.int32)
     null = tf.tile(null[tf.newaxis, tf.newaxis, :], [b, 1, 1])
-    rows = tf.concat([null, rows], axis=1)                                   # [b, k, W+1]
+    rows = tf.concat([null, rows], axis=1)                                   # [b, k, W+2]
     candidates = tf.concat([tf.fill([b, 1], self.num_blocks), top_rows], axis=1)
-    return candidates, rows[..., :self.width], rows[..., self.width]
+    return (candidates, rows[..., :self.width], rows[..., self.width],
+            rows[..., self.width + 1])
 
   def features(self, inputs: Dict[str, tf.Tensor], query_embedder) -> Dict[str, tf.Tensor]:
     """REALM's device features (``candidates.feature_signature``) from this replica's host
@@ -248,7 +254,10 @@ class DeviceRetriever(tf.Module):
     query = dict(input_word_ids=inputs["query_word_ids"], input_mask=inputs["query_mask"],
                  input_type_ids=inputs["query_type_ids"])
     q = tf.stop_gradient(query_embedder(query, training=False))
-    candidates, tokens, lengths = self.retrieve(q, inputs["source_group"])
+    candidates, tokens, lengths, groups = self.retrieve(q, inputs["source_group"])
+    retrieved = groups[:, 1:]
+    pairs = tf.equal(retrieved[:, :, tf.newaxis], retrieved[:, tf.newaxis, :])
+    repeated = tf.reduce_any(pairs & ~tf.eye(self.k - 1, dtype=tf.bool), axis=[1, 2])
     is_sep = tf.equal(tokens, self.sep_id) & (
         tf.range(self.width)[tf.newaxis, tf.newaxis, :] < lengths[..., tf.newaxis])
     first_sep = tf.where(tf.reduce_any(is_sep, -1),
@@ -260,7 +269,8 @@ class DeviceRetriever(tf.Module):
         tokens, lengths, first_sep, self.config.reader.seq_length, self.sep_id)
     b = tf.shape(candidates)[0]
     out = dict(inputs)
-    out.update(
+    out["mlm_weights"] = inputs["mlm_weights"] * tf.cast(~repeated, tf.float32)[:, tf.newaxis]
+    out.update(skipped_duplicates=tf.cast(repeated, tf.float32),
         candidate_word_ids=block["input_word_ids"], candidate_mask=block["input_mask"],
         candidate_type_ids=block["input_type_ids"], reader_word_ids=reader_ids,
         reader_mask=tf.cast(reader_ids > 0, tf.int32), reader_type_ids=reader_types,
@@ -269,7 +279,7 @@ class DeviceRetriever(tf.Module):
 
 
 def _packed(tokens, lengths, first_sep, seq_length: int, sep_id: int) -> Dict[str, tf.Tensor]:
-  """``contract.pack_block_ids`` of unpadded token rows ``[..., W]`` (``lengths``), on device."""
+  """``features.pack_block_ids`` of unpadded token rows ``[..., W]`` (``lengths``), on device."""
   width = tokens.shape[-1]
   if width < seq_length:
     tokens = tf.pad(tokens, [[0, 0], [0, 0], [0, seq_length - width]])

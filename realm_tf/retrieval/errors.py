@@ -1,23 +1,24 @@
 """Errors of the retrieval side, each with a one-line message a user can act on.
 
 The binaries print ``error: <message>`` and exit with status 2 on any of these. The corpus
-errors are the data contract's own (``realm_tf.data.contract``), so a caller catching either
+errors are the data contract's own (``realm_tf.data.manifests``), so a caller catching either
 ``CorpusFormatError`` catches both.
 """
 
+from realm_tf import errors as realm_errors
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.data import contract
+from realm_tf.data import manifests
 
 # Base class: an index, a corpus or an embedding file that does not fit. Every such file is data
 # on disk, so the retrieval side's base class is the data contract's: the corpus errors below
 # are RetrievalErrors and DataErrors at once.
-RetrievalError = contract.DataError
+RetrievalError = manifests.DataError
 
 # A blocks directory, or one shard of it, with no blocks.
-EmptyCorpusError = contract.EmptyCorpusError
+EmptyCorpusError = manifests.EmptyCorpusError
 
 # A blocks directory or an embedding shard that does not follow the format.
-CorpusFormatError = contract.CorpusFormatError
+CorpusFormatError = manifests.CorpusFormatError
 
 
 class DimensionMismatchError(RetrievalError):
@@ -40,5 +41,5 @@ class CheckpointVanishedError(RetrievalError):
   """A checkpoint that was deleted (by the trainer's retention policy) while we read it."""
 
 
-class IndexNotReadyError(TimeoutError):
+class IndexNotReadyError(realm_errors.RealmError, TimeoutError):
   """No index was published in ``index_dir`` within the waiting time."""

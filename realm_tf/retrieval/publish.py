@@ -44,10 +44,6 @@ _TMP_PID_RE = re.compile(r"^\.tmp-.*-(\d+)$")
 TESTONLY_BUILD_DELAY_ENV = "REALM_TF_TESTONLY_BUILD_DELAY"
 
 
-def step_dir(index_dir: str, step: int) -> str:
-  return os.path.join(index_dir, f"{STEP_PREFIX}{int(step)}")
-
-
 def read_latest(index_dir: str) -> Optional[str]:
   """The directory ``LATEST`` names (e.g. ``/x/step-1200``), or None when there is none."""
   try:

@@ -32,7 +32,7 @@ import tensorflow as tf
 from realm_tf import checkpoint_convert
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
@@ -93,7 +93,7 @@ def load_embeddings_file(path: str, num_blocks: int, dim: int,
   naming the file.
   """
   if not tf.io.gfile.exists(path):
-    raise contract.MissingDataError(f"embeddings file not found: {path}")
+    raise manifests.MissingDataError(f"embeddings file not found: {path}")
   try:
     table = np.load(path, mmap_mode="r")
   except (OSError, ValueError) as e:
@@ -161,7 +161,7 @@ class Refresher:
     self.index_dir = index_dir
     self.options = options or BuildOptions()
     self.strategy = strategy or tf.distribute.get_strategy()
-    self.blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+    self.blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
     self.config = None
     self.query_embedder = None
     self.block_embedder = None

@@ -18,7 +18,7 @@ from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf import tokenization
 from realm_tf.data import block_store
-from realm_tf.data import contract
+from realm_tf.data import manifests
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
 
@@ -48,7 +48,7 @@ class TextSearcher:
     self.blocks_dir = blocks_dir
     self._store = None   # the block store, for the hits' titles and texts (opened when needed)
     self.config = model_dir_lib.load_config(model_dir)
-    blocks_manifest = contract.load_blocks_manifest(blocks_dir)
+    blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
     self.handle = handle_lib.IndexHandle(index_dir,
                                          expected_fingerprint=blocks_manifest["fingerprint"],
                                          expected_dim=self.config.retriever.projection_size,

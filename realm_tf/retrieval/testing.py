@@ -12,7 +12,7 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf import tokenization
-from realm_tf.data import contract
+from realm_tf.data import manifests
 
 WORDS = ("the a of and in to is was by for on as with from at river city king war music "
          "paris france london river mountain science physics album band film actor born "
@@ -110,5 +110,5 @@ def make_corpus(blocks_dir: str, vocab_file: str, num_blocks: int, block_seq_len
   """A blocks directory of ``num_blocks`` random blocks; returns its manifest."""
   titles, bodies = random_texts(num_blocks, seed, min_words, max_words)
   tokenizer = tokenization.RealmTokenizer(vocab_file)
-  return contract.write_blocks(blocks_dir, titles, bodies, tokenizer, block_seq_length,
-                               num_shards=num_shards)
+  return manifests.write_blocks(blocks_dir, titles, bodies, tokenizer, block_seq_length,
+                                num_shards=num_shards)

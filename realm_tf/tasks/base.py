@@ -31,9 +31,15 @@ class RealmBaseTask(base_task.Task):
       loss = self.forward(inputs, model, metrics, training=True)
     variables = model.trainable_variables
     # A variable without a gradient (a reader's pooler, unused by the MLM loss) is left out.
-    optimizer.apply_gradients((g, v) for g, v in zip(tape.gradient(loss, variables), variables)
-                              if g is not None)
+    pairs = [(g, v) for g, v in zip(tape.gradient(loss, variables), variables) if g is not None]
+    optimizer.apply_gradients(self.transform_gradients(pairs, model, optimizer))
     return {self.loss: loss * losses.num_replicas()}
+
+  def transform_gradients(self, grads_and_vars, model, optimizer):
+    """``(gradient, variable)`` pairs -> the pairs applied (REALM: the frozen retriever's
+    first steps); before the optimizer's own clipping. Identity here."""
+    del model, optimizer
+    return grads_and_vars
 
   def validation_step(self, inputs, model, metrics=None):
     loss = self.forward(inputs, model, metrics, training=False)

@@ -53,8 +53,13 @@ class IctTask(base.RealmBaseTask):
 
   def build_inputs(self, params: configs.IctDataConfig, input_context=None):
     cfg = self.task_config.model
+    mask_id = None
+    if params.query_mask_prob > 0:
+      from realm_tf.tokenization import RealmTokenizer  # pylint: disable=g-import-not-at-top
+      mask_id = RealmTokenizer(self.task_config.vocab_file).mask_id
     return loaders.get_loader(params, query_seq_length=cfg.query_seq_length,
-                              block_seq_length=cfg.block_seq_length).load(input_context)
+                              block_seq_length=cfg.block_seq_length,
+                              mask_id=mask_id).load(input_context)
 
   def build_losses(self, labels, model_outputs, aux_losses=None) -> tf.Tensor:
     """This replica's share of the global mean in-batch cross-entropy."""

@@ -4,7 +4,8 @@ Per question (``language/orqa/models/orqa_model.py``):
 
 * host: embed the question with the *current* query tower, search the frozen index for the
   retriever beam, mark the blocks that hold an answer, build the reader inputs of the top
-  ``reader_beam_size`` blocks and their gold spans (``openqa/inputs.py``);
+  ``reader_beam_size`` blocks and their gold spans (``openqa/inputs.py``; the index and
+  the corpus are opened by ``openqa/host.py``, as for ``OpenQA.load``);
 * device (fixed shapes, one XLA-compilable step): recompute the beam's retriever logits
   ``q . e(z)`` with the current query tower, read the top blocks, score every span of at most
   ``max_span_width`` wordpieces (span MLP + the block's retriever logit), and ORQA's loss
@@ -41,8 +42,6 @@ how often each loss term is dropped because nothing is correct (``no_correct_in_
 """
 
 import logging
-import os
-import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -52,53 +51,17 @@ from official.core import task_factory
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
-from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import loaders
-from realm_tf.data import qa as qa_lib
+from realm_tf.data import manifests
 from realm_tf.modeling import losses
 from realm_tf.modeling import openqa_losses
 from realm_tf.modeling.models import OpenQaModel
+from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import mips_index
+from realm_tf.openqa import predict
 from realm_tf.tasks import base
-from realm_tf.tokenization import RealmTokenizer
 
-MODEL_FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_emb",
-                  "reader_word_ids", "reader_mask", "reader_type_ids")
-# The block tower's inputs of the top of the beam (``trainable_blocks``).
-BLOCK_TOWER_FEATURES = ("beam_block_word_ids", "beam_block_mask", "beam_block_type_ids")
 PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")
-
-
-def load_questions(params: configs.OpenQaDataConfig) -> List[inputs_lib.Question]:
-  """The questions of a data config; malformed lines are skipped and counted (logged)."""
-  records, skipped = qa_lib.read_qa(params.input_path, answer_type=params.answer_type or None)
-  if skipped:
-    logging.warning("%s: skipped %d malformed lines (first: %s)", params.input_path,
-                    len(skipped), skipped[0])
-  return [inputs_lib.Question(r.question, list(r.answers), r.answer_type == "regex")
-          for r in records]
-
-
-def predictions(outputs: Dict[str, tf.Tensor], features: Dict[str, tf.Tensor]):
-  """The best (block, span) of each question over every span of every read block (ORQA's
-  ``get_predictions``): its index in the read blocks, its flat candidate index, and its
-  wordpiece positions inside the block text."""
-  logits = outputs["reader_logits"]                                        # [b, R, C]
-  batch, read, num_spans = tf.shape(logits)[0], logits.shape[1], logits.shape[2]
-  best = tf.argmax(tf.reshape(logits, [batch, read * num_spans]), -1, output_type=tf.int32)
-  block, span = best // num_spans, best % num_spans
-  index = tf.stack([block, span], -1)
-  start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)
-  end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)
-  # The block text starts after [CLS] question [SEP]: the type-0 positions of its row.
-  row_mask = tf.gather(features["reader_mask"], block, batch_dims=1)
-  row_types = tf.gather(features["reader_type_ids"], block, batch_dims=1)
-  offset = tf.reduce_sum(row_mask - row_types, -1)
-  return dict(block=block, span=span, start=start - offset, end=end - offset,
-              score=tf.reduce_max(tf.reshape(logits, [batch, -1]), -1))
 
 
 @task_factory.register_task_cls(configs.OpenQaTaskConfig)
@@ -150,9 +113,21 @@ class OpenQaTask(base.RealmBaseTask):
   # --------------------------------------------------------------------- inputs --
 
   def builder(self) -> inputs_lib.OpenQaInputBuilder:
-    """The host side: the frozen index, its embeddings and block texts, the tokenizer."""
+    """The host side (``openqa.host``): the index, its embeddings and block texts, the
+    tokenizer; with ``trainable_blocks``, waiting for the refresher's first index and watching
+    for newer ones."""
     if self._builder is None:
-      self._builder = build_input_builder(self.task_config)
+      cfg = self.task_config
+      if not cfg.index_dir:
+        raise configs.ConfigError("task.index_dir is not set: the Open-QA task searches a "
+                                  "frozen index (realm-index build --model_dir=<the initial "
+                                  "model>)")
+      trainable = cfg.trainable_blocks > 0
+      self._builder = host.build_input_builder(
+          cfg.model, cfg.index_dir, cfg.blocks_dir, cfg.retriever_beam_size,
+          cfg.reader_beam_size, cfg.max_gold_spans, cfg.trainable_blocks,
+          watch=trainable and cfg.refresh_index,
+          wait_seconds=cfg.index_wait_seconds if trainable else 0.0)
     return self._builder
 
   def _embed_questions(self, question_inputs: Dict[str, np.ndarray]) -> np.ndarray:
@@ -167,7 +142,7 @@ class OpenQaTask(base.RealmBaseTask):
   def build_inputs(self, params: configs.OpenQaDataConfig, input_context=None):
     """Questions -> features of the current query tower (see the module docstring)."""
     cfg = self.task_config
-    questions = load_questions(params)
+    questions = inputs_lib.load_questions(params.input_path, params.answer_type)
     self._questions[params.is_training] = questions
     if cfg.trainable_blocks:
       # The first index comes from the refresher, which needs ckpt-0, which the trainer saves
@@ -175,7 +150,7 @@ class OpenQaTask(base.RealmBaseTask):
       if not cfg.blocks_dir:
         raise configs.ConfigError("trainable_blocks needs task.blocks_dir (the refresher "
                                   "builds the first index from ckpt-0)")
-      num_blocks = int(contract.load_blocks_manifest(cfg.blocks_dir)["num_blocks"])
+      num_blocks = int(manifests.load_blocks_manifest(cfg.blocks_dir)["num_blocks"])
     else:
       num_blocks = len(self.builder().bodies)
     batch = loaders.per_replica_batch_size(params.global_batch_size, input_context)
@@ -213,7 +188,7 @@ class OpenQaTask(base.RealmBaseTask):
           return
 
     dataset = tf.data.Dataset.from_generator(
-        generate, output_signature=feature_signature(cfg, num_blocks))
+        generate, output_signature=host.feature_signature(cfg, num_blocks))
     # No prefetch: each batch is retrieved with the query tower its step starts from.
     return dataset.batch(batch, drop_remainder=params.is_training)
 
@@ -241,7 +216,7 @@ class OpenQaTask(base.RealmBaseTask):
     terms = openqa_losses.openqa_loss(out["retriever_logits"], inputs["retriever_correct"],
                                       out["reader_logits"], reader_correct)
     loss = self.build_losses(inputs, terms)
-    best = predictions(out, inputs)
+    best = predict.predictions(out, inputs)
     span_match = tf.gather_nd(reader_correct, tf.stack([best["block"], best["span"]], -1),
                               batch_dims=1)
     if metrics:
@@ -284,100 +259,8 @@ class OpenQaTask(base.RealmBaseTask):
       if q_index < 0 or q_index in seen:
         continue
       seen.add(q_index)
-      text = span_text(builder.block_texts([block_id])[0], start, end)
+      text = predict.span_text(builder.block_texts([block_id])[0], start, end)
       correct.append(inputs_lib.official_match(text, questions[q_index]))
     return {"official_exact_match": float(np.mean(correct)) if correct else 0.0,
             "questions": float(len(correct))}
 
-
-def span_text(block: inputs_lib.BlockText, start: int, end: int) -> str:
-  """The characters of the block text that wordpieces ``start..end`` cover."""
-  if not len(block.token_ids) or start < 0 or end >= len(block.token_ids) or end < start:
-    return ""
-  return block.text[int(block.char_starts[start]):int(block.char_ends[end])]
-
-
-def feature_signature(cfg: configs.OpenQaTaskConfig, num_blocks: int
-                      ) -> Dict[str, tf.TensorSpec]:
-  """The shapes of one question's features (``openqa.inputs.FEATURES``, and the
-  ``beam_block_*`` inputs of the block tower with ``trainable_blocks``)."""
-  model = cfg.model
-  lq, lr = model.retriever.query_seq_length, model.reader.openqa_seq_length
-  beam, read = min(cfg.retriever_beam_size, num_blocks), cfg.reader_beam_size
-  gold, dim = cfg.max_gold_spans, model.retriever.projection_size
-  spec = lambda shape, dtype=tf.int32: tf.TensorSpec(shape, dtype)
-  signature = dict(
-      question_word_ids=spec([lq]), question_mask=spec([lq]), question_type_ids=spec([lq]),
-      beam_ids=spec([beam]), beam_emb=spec([beam, dim], tf.float32),
-      retriever_correct=spec([beam]), reader_word_ids=spec([read, lr]),
-      reader_mask=spec([read, lr]), reader_type_ids=spec([read, lr]),
-      gold_starts=spec([read, gold]), gold_ends=spec([read, gold]),
-      gold_mask=spec([read, gold]), question_index=spec([]))
-  if cfg.trainable_blocks:
-    fresh = [cfg.trainable_blocks, model.retriever.block_seq_length]
-    signature.update({k: spec(fresh) for k in BLOCK_TOWER_FEATURES})
-  return signature
-
-
-def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int] = None,
-               watch: bool = False, wait_seconds: float = 0.0):
-  """The published index of ``index_dir`` and its corpus: ``(handle, blocks_dir)``.
-
-  ``blocks_dir`` defaults to the one the index's manifest names; the corpus must be the one
-  the index was built over (checked by fingerprint). ``watch``: the handle picks up newer
-  indexes (``maybe_swap``); ``wait_seconds``: how long to wait for a first index.
-  """
-  latest = os.path.join(index_dir, "LATEST")
-  deadline = time.time() + wait_seconds
-  while not tf.io.gfile.exists(latest) and time.time() < deadline:
-    time.sleep(1.0)
-  if not tf.io.gfile.exists(latest):
-    waited = f" within {wait_seconds:.0f}s" if wait_seconds else ""
-    raise contract.MissingDataError(
-        f"no index in {index_dir} (no LATEST){waited}; build one with realm-index build, or "
-        f"(trainable_blocks) run realm-refresh --index_dir={index_dir} on the model dir")
-  with tf.io.gfile.GFile(latest) as f:
-    path = os.path.join(index_dir, f.read().strip())
-  manifest = mips_index.read_manifest(path)
-  blocks_dir = blocks_dir or manifest.get("blocks_dir", "")
-  if not blocks_dir:
-    raise contract.DataError(f"{path}: the index does not name its blocks dir; give blocks_dir")
-  blocks_manifest = contract.load_blocks_manifest(blocks_dir)
-  if manifest.get("corpus_fingerprint") != blocks_manifest["fingerprint"]:
-    raise contract.DataError(
-        f"the index {path} was built over another corpus than {blocks_dir} (fingerprint "
-        f"{manifest.get('corpus_fingerprint')} != {blocks_manifest['fingerprint']})")
-  handle = handle_lib.IndexHandle(index_dir, expected_fingerprint=blocks_manifest["fingerprint"],
-                                  expected_dim=expected_dim, watch=watch, poll_seconds=1.0)
-  handle.wait_for_first()
-  return handle, blocks_dir
-
-
-def build_input_builder(cfg: configs.OpenQaTaskConfig, reader_beam_size: Optional[int] = None,
-                        retriever_beam_size: Optional[int] = None
-                        ) -> inputs_lib.OpenQaInputBuilder:
-  """The host side of a task config: index, embeddings, block texts and tokenizer."""
-  if not cfg.index_dir:
-    raise configs.ConfigError("task.index_dir is not set: the Open-QA task searches a frozen "
-                              "index (realm-index build --model_dir=<the initial model>)")
-  trainable = cfg.trainable_blocks > 0
-  handle, blocks_dir = open_index(
-      cfg.index_dir, cfg.blocks_dir, cfg.model.retriever.projection_size,
-      watch=trainable and cfg.refresh_index,
-      wait_seconds=cfg.index_wait_seconds if trainable else 0.0)
-  tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-  # Texts and titles memory-mapped from the block store, decoded when read; with a trainable
-  # block tower, also its view of the beam, packed per batch as the refresher packs the corpus.
-  store = block_store.BlockStore.open(blocks_dir, cls_id=tokenizer.cls_id,
-                                      sep_id=tokenizer.sep_id)
-  bodies = store.texts.blocks()
-  logging.info("open-qa: index %s (%d blocks), corpus %s", handle.path, len(bodies), blocks_dir)
-  return inputs_lib.OpenQaInputBuilder(
-      bodies, handle.embeddings(), handle.search, tokenizer,
-      query_seq_length=cfg.model.retriever.query_seq_length,
-      reader_seq_length=cfg.model.reader.openqa_seq_length,
-      retriever_beam_size=retriever_beam_size or min(cfg.retriever_beam_size, len(bodies)),
-      reader_beam_size=reader_beam_size or cfg.reader_beam_size,
-      max_gold_spans=cfg.max_gold_spans, titles=store.titles.blocks(),
-      blocks=store if trainable else None, block_seq_length=cfg.model.retriever.block_seq_length,
-      trainable_blocks=cfg.trainable_blocks, handle=handle)

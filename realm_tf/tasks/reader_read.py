@@ -13,6 +13,14 @@ shares the most IDF-weighted wordpieces with the query (when no block holds the 
 block that shares the most). The loss is REALM's marginal likelihood with a uniform
 ``p(z|x)``, so the reader learns to use a block that helps and to fall back on the null
 block's prior otherwise.
+
+With ``distractors`` D > 0, each sentence is also read beside the D blocks that share the most
+IDF-weighted wordpieces with it but do not hold its answer (the kind of block a retriever that
+matches sentence templates ranks first), and the loss adds their mean ``-log p(y|z,x)``: the
+reader learns to predict from the query alone when a block does not help, as BERT does,
+instead of copying a name of the right kind from any block. It logs ``distractor_gain``, what a
+distractor adds over the null block (nats per masked span; near 0 is the goal, very negative
+means a confidently wrong reader).
 """
 
 import logging
@@ -26,8 +34,8 @@ from official.core import task_factory
 from realm_tf import configs
 from realm_tf import modeling
 from realm_tf.data import answers
-from realm_tf.data import contract
 from realm_tf.data import loaders
+from realm_tf.data import manifests
 from realm_tf.modeling import losses
 from realm_tf.tasks import base
 from realm_tf.modeling.models import ReaderModel, read_candidates
@@ -53,13 +61,14 @@ def lexical_scores(query_ids: np.ndarray, query_mask: np.ndarray, blocks: List[D
 
 
 def answer_block_candidates(blocks: List[Dict], examples: Dict[str, np.ndarray],
-                            ignore_ids=()):
-  """Candidate rows ``[n, 2]`` (the null row ``len(blocks)``, then the reading block) and
-  whether each reading block holds the answer ``[n]``.
+                            ignore_ids=(), distractors: int = 0):
+  """Candidate rows ``[n, 2 + distractors]`` (the null row ``len(blocks)``, the reading block,
+  then the distractors) and whether each reading block holds the answer ``[n]``.
 
   The reading block is the best lexical match (``lexical_scores``) among the blocks that hold
   the example's answer (``answers.holds_answer``), the query's own block excluded; the best
-  lexical match overall when none holds it.
+  lexical match overall when none holds it. The distractors are the best lexical matches that
+  do not hold the answer (neither the query's own block nor the reading block).
   """
   scores = lexical_scores(examples["query_ids"], examples["query_mask"], blocks, ignore_ids)
   uids = np.array([b["uid"] for b in blocks])
@@ -71,20 +80,28 @@ def answer_block_candidates(blocks: List[Dict], examples: Dict[str, np.ndarray],
   best = np.argmax(np.where(holds, scores, -np.inf), axis=1)
   fallback = np.argmax(scores, axis=1)
   found = holds.any(axis=1)
-  candidates = np.stack([np.full(len(wanted), len(blocks)), np.where(found, best, fallback)],
-                        axis=1).astype(np.int32)
-  return candidates, found
+  reading = np.where(found, best, fallback)
+  candidates = [np.full(len(wanted), len(blocks)), reading]
+  if distractors:
+    other = np.where(holds, -np.inf, scores)
+    other[np.arange(len(reading)), reading] = -np.inf
+    if (np.isfinite(other).sum(axis=1) < distractors).any():
+      raise loaders.InputError(f"fewer than {distractors} blocks without the answer for some "
+                               "sentence; use fewer distractors or a larger corpus")
+    candidates += list(np.argsort(-other, axis=1, kind="stable")[:, :distractors].T)
+  return np.stack(candidates, axis=1).astype(np.int32), found
 
 
 def reading_features(loader: loaders.MaskedExamplesLoader, blocks_dir: str,
                      model: configs.RealmModelConfig, cls_id: int, sep_id: int,
-                     ignore_ids=()) -> Dict[str, np.ndarray]:
-  """Reader inputs over (null, reading block) for every masked sentence of one corpus."""
-  blocks = contract.read_blocks(blocks_dir)
+                     ignore_ids=(), distractors: int = 0) -> Dict[str, np.ndarray]:
+  """Reader inputs over (null, reading block, distractors) for every masked sentence of one
+  corpus."""
+  blocks = manifests.read_blocks(blocks_dir)
   examples = loader.read_all()
-  builder = candidates_lib.CandidateBuilder(blocks, model.replace(num_candidates=2), None,
-                                            cls_id, sep_id)
-  candidates, found = answer_block_candidates(blocks, examples, ignore_ids)
+  builder = candidates_lib.CandidateBuilder(
+      blocks, model.replace(num_candidates=2 + distractors), None, cls_id, sep_id)
+  candidates, found = answer_block_candidates(blocks, examples, ignore_ids, distractors)
   features = builder.features(examples, candidates=candidates)
   return dict({k: features[k] for k in READER_FEATURES}, holds_answer=found)
 
@@ -113,7 +130,7 @@ class ReaderReadTask(base.RealmBaseTask):
       loader = loaders.MaskedExamplesLoader(params, cfg.model.retriever.query_seq_length,
                                             cfg.model.max_masks, input_path=path)
       parts.append(reading_features(loader, blocks_dir, cfg.model, tokenizer.cls_id,
-                                    tokenizer.sep_id, special))
+                                    tokenizer.sep_id, special, cfg.distractors))
     features = {k: np.concatenate([p[k] for p in parts]) for k in READER_FEATURES}
     held = np.concatenate([p["holds_answer"] for p in parts])
     logging.info("reading warm start: %d examples, %.0f%% with a block holding the answer",
@@ -127,18 +144,31 @@ class ReaderReadTask(base.RealmBaseTask):
     return losses.realm_loss_share(model_outputs)
 
   def build_metrics(self, training=None):
-    return [tf_keras.metrics.Mean("mlm_accuracy"), tf_keras.metrics.Mean("reading_gain")]
+    names = ["mlm_accuracy", "reading_gain"]
+    names += ["distractor_gain"] if self.task_config.distractors else []
+    return [tf_keras.metrics.Mean(n) for n in names]
 
   def forward(self, inputs, model, metrics, training: bool):
-    logits = read_candidates(model.reader, inputs, training=training)
-    uniform = tf.zeros(tf.shape(logits)[:2])   # p(z|x) uniform over the two candidates
-    m = losses.realm_metrics(uniform, logits, inputs["mlm_ids"], inputs["mlm_weights"])
+    logits = read_candidates(model.reader, inputs, training=training)       # [b, 2 + D, ...]
+    # p(z|x) uniform over the null and the reading block.
+    m = losses.realm_metrics(tf.zeros([tf.shape(logits)[0], 2]), logits[:, :2],
+                             inputs["mlm_ids"], inputs["mlm_weights"])
     loss = self.build_losses(inputs, m)
-    # What the reading block adds over the null block, in nats per masked span.
-    span_log_p = tf.reduce_sum(m["token_log_p_given_z"] * inputs["mlm_weights"][:, None, :], -1)
+    weights = inputs["mlm_weights"]
+    log_p = losses.marginal_log_likelihood(tf.zeros(tf.shape(logits)[:2]), logits,
+                                           inputs["mlm_ids"])["token_log_p_given_z"]
+    # What each block adds over the null block, in nats per masked span.
+    span_log_p = tf.reduce_sum(log_p * weights[:, None, :], -1)                 # [b, 2 + D]
+    if self.task_config.distractors:
+      # Their mean -log p(y|z,x), per real mask token of the global batch.
+      distracted = -tf.reduce_sum(tf.reduce_mean(log_p[:, 2:], axis=1) * weights)
+      loss += losses.global_mean_share(distracted, tf.reduce_sum(weights))
     if metrics:
-      accuracy, gain = metrics
-      accuracy.update_state(m["correct"] / tf.maximum(m["num_tokens"], 1.0),
-                            sample_weight=m["num_tokens"])
-      gain.update_state(span_log_p[:, 1] - span_log_p[:, 0])
+      by_name = {metric.name: metric for metric in metrics}
+      by_name["mlm_accuracy"].update_state(m["correct"] / tf.maximum(m["num_tokens"], 1.0),
+                                           sample_weight=m["num_tokens"])
+      by_name["reading_gain"].update_state(span_log_p[:, 1] - span_log_p[:, 0])
+      if "distractor_gain" in by_name:
+        by_name["distractor_gain"].update_state(
+            tf.reduce_mean(span_log_p[:, 2:], axis=1) - span_log_p[:, 0])
     return loss

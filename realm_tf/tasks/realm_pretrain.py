@@ -20,9 +20,18 @@ exactly over the corpus embedded with the current block tower at the start of ea
   ``qa_questions``, how many questions were asked. These two are computed on the host in
   ``validation_begin`` and reach the validation logs and summaries through
   ``reduce_aggregated_logs``.
+
+Training and validation also log the retrieval-health signals (``realm_tf.health``: entropy
+ratio, ``p_null``, score margin, candidates holding the answer, the reader's gain from answer
+and other blocks, tower cosines, distinct candidates) and ``skipped_duplicates``: the share of
+examples whose retrieved blocks repeat a uid, which REALM's example generator skips (here their
+mask weights are zeroed, so they add nothing to the loss). ``check_health`` turns the logged
+values into alarms (``task.health``); the trainer calls it after every training loop and
+validation pass, and the validation's one-line health report is printed.
 """
 
 import logging
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -30,12 +39,12 @@ import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
+from realm_tf import health as health_lib
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.data import block_store
-from realm_tf.data import contract
 from realm_tf.data import loaders
-from realm_tf.data import qa as qa_lib
+from realm_tf.data import manifests
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.openqa import inputs as openqa_inputs
@@ -46,8 +55,11 @@ from realm_tf.tokenization import RealmTokenizer
 
 DEVICE_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "candidate_word_ids",
                    "candidate_mask", "candidate_type_ids", "reader_word_ids", "reader_mask",
-                   "reader_type_ids", "mlm_positions", "mlm_ids", "mlm_weights", "index_step")
-VALIDATION_FEATURES = DEVICE_FEATURES + ("recall_hit",)
+                   "reader_type_ids", "mlm_positions", "mlm_ids", "mlm_weights", "index_step",
+                   "candidate_rows", "skipped_duplicates")
+# What only host retrieval knows: which candidates hold the masked answer (health signals).
+HOST_PATH_FEATURES = DEVICE_FEATURES + ("candidate_holds_answer",)
+VALIDATION_FEATURES = HOST_PATH_FEATURES + ("recall_hit",)
 EMBED_BATCH = 256   # queries per call of the query tower in validation_begin
 
 
@@ -57,11 +69,13 @@ def replica_loss(model, features, training: bool):
   The loss is the mean over all real mask tokens of the global batch of
   ``-log sum_z p(z|x) p(y_j|z,x)``; each replica returns its share (its token sum divided by
   the all-reduced global token count), so summing over replicas gives the global mean and the
-  gradients need no further scaling under any strategy.
+  gradients need no further scaling under any strategy. The metrics (``losses.realm_metrics``)
+  also carry the model's ``retrieval_logits`` and embeddings, for the health signals.
   """
   out = model(features, training=training)
   m = losses.realm_metrics(out["retrieval_logits"], out["mlm_logits"], features["mlm_ids"],
                            features["mlm_weights"])
+  m.update((k, out[k]) for k in ("retrieval_logits", "query_embedding", "candidate_embeddings"))
   return losses.realm_loss_share(m), m
 
 
@@ -69,10 +83,13 @@ def replica_loss(model, features, training: bool):
 class RealmPretrainTask(base.RealmBaseTask):
   """REALM pre-training with validation (see the module docstring)."""
 
+  validate_at_start = True   # the step-0 recalls that the health alarms compare against
+
   def __init__(self, params: configs.RealmPretrainTaskConfig, logging_dir=None, name="realm"):
     super().__init__(params, logging_dir=logging_dir, name=name)
     if params.retrieval not in ("host", "device"):
-      raise ValueError(f"task.retrieval must be 'host' or 'device', got {params.retrieval!r}")
+      raise configs.ConfigError(f"task.retrieval must be 'host' or 'device', got "
+                                f"{params.retrieval!r}")
     self._builder = None           # training: retrieves through the published index
     self._device = None            # retrieval: device: the sharded corpus and its index
     self._device_handle = None
@@ -83,6 +100,9 @@ class RealmPretrainTask(base.RealmBaseTask):
     self._embed_query = None
     self._qa = None                # (questions, their query inputs), read once
     self._qa_logs = {}             # this validation pass's host-side numbers
+    self._health = health_lib.HealthMonitor(params.health,
+                                            (f"recall@{params.recall_at}",
+                                             f"qa_recall@{params.recall_at}"))
 
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
@@ -113,22 +133,25 @@ class RealmPretrainTask(base.RealmBaseTask):
     from realm_tf.retrieval.handle import IndexHandle  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
     blocks_dir = cfg.train_data.blocks_dir
-    manifest = contract.load_blocks_manifest(blocks_dir)
+    manifest = manifests.load_blocks_manifest(blocks_dir)
     if handle is None:
       handle = IndexHandle(cfg.index_dir, expected_fingerprint=manifest["fingerprint"],
                            expected_dim=cfg.model.retriever.projection_size,
                            wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index)
       handle.wait_for_first()
-    return self._builder_over(blocks_dir, handle)
+    return self.builder_over(blocks_dir, handle)
 
-  def _builder_over(self, blocks_dir, handle):
+  def builder_over(self, blocks_dir: str, handle=None) -> candidates_lib.CandidateBuilder:
+    """The host pipeline over ``blocks_dir``, retrieving through ``handle`` (None: only exact
+    retrieval, ``exact_candidates``)."""
     cfg = self.task_config
     tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
     return candidates_lib.CandidateBuilder.from_blocks_dir(
         blocks_dir, cfg.model, handle, tokenizer.cls_id, tokenizer.sep_id,
         refresh=cfg.refresh_index)
 
-  def _loader(self, params):
+  def loader(self, params: configs.MaskedLmDataConfig) -> loaders.MaskedExamplesLoader:
+    """The masked examples of a data config, at the model's query length and masks."""
     model = self.task_config.model
     return loaders.get_loader(params, query_seq_length=model.retriever.query_seq_length,
                               max_masks=model.max_masks)
@@ -138,7 +161,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     signature["recall_hit"] = tf.TensorSpec([None], tf.float32)
     if not params.is_training:
       return self._validation_inputs(params, input_context, signature)
-    examples = self._loader(params).load(input_context)
+    examples = self.loader(params).load(input_context)
     if self.task_config.retrieval == "device":
       return self._device_inputs(examples, signature)
 
@@ -152,10 +175,10 @@ class RealmPretrainTask(base.RealmBaseTask):
         if builder.maybe_swap():
           logging.info("swapped in the index of step %d", builder.handle.step)
         features = builder.features(batch)
-        yield {k: features[k] for k in DEVICE_FEATURES}
+        yield {k: features[k] for k in HOST_PATH_FEATURES}
 
     return tf.data.Dataset.from_generator(
-        generate, output_signature={k: signature[k] for k in DEVICE_FEATURES}).prefetch(1)
+        generate, output_signature={k: signature[k] for k in HOST_PATH_FEATURES}).prefetch(1)
 
   # ---- retrieval: device ----
   def _device_corpus(self):
@@ -208,7 +231,7 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   def _validation_inputs(self, params, input_context, signature):
     """Batches of the features that ``validation_begin`` prepared for this pass."""
-    self._eval_loader = self._loader(params)
+    self._eval_loader = self.loader(params)
     batch_size = loaders.per_replica_batch_size(params.global_batch_size, input_context)
     pipelines = input_context.num_input_pipelines if input_context else 1
     pipeline = input_context.input_pipeline_id if input_context else 0
@@ -227,38 +250,61 @@ class RealmPretrainTask(base.RealmBaseTask):
     """Embeds the corpus with the current block tower and retrieves for the held-out
     sentences exactly (called by the trainer at the start of each validation pass); with
     ``qa_eval_path``, also for the QA questions, giving this pass's ``qa_recall@k``."""
-    from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
-    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
-    blocks_dir = cfg.validation_data.blocks_dir or cfg.train_data.blocks_dir
-    if self._eval_builder is None:
-      self._eval_builder = self._builder_over(blocks_dir, None)
-    builder = self._eval_builder
-    retriever = cfg.model.retriever
-    ids, emb = corpus_embedding.embed_corpus(
-        model.block_embedder, blocks_dir, retriever.block_seq_length, cfg.model.vocab_file,
-        cfg.model.lower_case, progress=False)
-    index = mips_index.BruteForceIndex(
-        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+    builder = self.validation_builder()
     examples = self._eval_loader.read_all()
-    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
     depth = min(max(cfg.recall_at, builder.k - 1) + builder.search_slack, builder.null_row)
-    ranked, _ = index.search(queries, depth)
+    candidates, ranked, index = self.exact_candidates(model, examples, depth)
     hits = [any(answers.holds_answer(builder.bodies_text[b], answer)
                 for b in builder.non_trivial(row, uid)[:cfg.recall_at])
             for row, uid, answer in zip(ranked, examples["source_uid"], examples["answer"])]
-    candidates = builder.select_candidates(ranked, examples["source_uid"])
     features = builder.features(examples, candidates=candidates)
-    self._eval_features = dict({k: features[k] for k in DEVICE_FEATURES},
+    self._eval_features = dict({k: features[k] for k in HOST_PATH_FEATURES},
                                recall_hit=np.asarray(hits, np.float32))
     self._qa_logs = self._qa_recall(model, index, builder) if cfg.qa_eval_path else {}
 
+  def validation_blocks_dir(self) -> str:
+    """The validation corpus: ``validation_data.blocks_dir``, else ``train_data``'s."""
+    cfg = self.task_config
+    return cfg.validation_data.blocks_dir or cfg.train_data.blocks_dir
+
+  def validation_builder(self) -> candidates_lib.CandidateBuilder:
+    """The candidate builder over the validation corpus, for exact retrieval; built once."""
+    if self._eval_builder is None:
+      self._eval_builder = self.builder_over(self.validation_blocks_dir())
+    return self._eval_builder
+
+  def exact_candidates(self, model: RealmPretrainer, examples, depth: Optional[int] = None):
+    """Exact retrieval with ``model``'s current towers over the whole validation corpus.
+
+    The corpus is embedded with the block tower and searched exactly for the queries of
+    ``examples`` (a loader's ``read_all()``) embedded with the query tower; each query's
+    candidates are picked by the training rules (``CandidateBuilder.select_candidates``).
+
+    Returns:
+      ``(candidates, ranked, index)``: the block ids of each query's candidates
+      ``[n, num_candidates]`` (the null block first), its top ``depth`` block ids (default:
+      the whole corpus) and the brute-force index, for searches with other queries.
+    """
+    from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
+    model_config, blocks_dir = self.task_config.model, self.validation_blocks_dir()
+    builder = self.validation_builder()
+    ids, emb = corpus_embedding.embed_corpus(
+        model.block_embedder, blocks_dir, model_config.retriever.block_seq_length,
+        model_config.vocab_file, model_config.lower_case, progress=False)
+    index = mips_index.BruteForceIndex(
+        corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir))
+    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
+    ranked, _ = index.search(queries, depth or builder.null_row)
+    return builder.select_candidates(ranked, examples["source_uid"]), ranked, index
+
   def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:
     """Query-tower embeddings (float32 ``[n, dim]``) of ``[CLS] ... [SEP]`` inputs."""
-    if self._embed_query is None:
-      self._embed_query = tf.function(
+    if self._embed_query is None or self._embed_query[0] is not model:
+      self._embed_query = model, tf.function(
           lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
-    embed = self._embed_query
+    embed = self._embed_query[1]
     return np.concatenate([
         embed(dict(input_word_ids=word_ids[i:i + EMBED_BATCH],
                    input_mask=mask[i:i + EMBED_BATCH],
@@ -270,13 +316,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     ``query_seq_length`` (as the Open-QA task feeds its query tower); read once."""
     if self._qa is None:
       cfg = self.task_config
-      records, skipped = qa_lib.read_qa(cfg.qa_eval_path,
-                                        answer_type=cfg.qa_answer_type or None)
-      if skipped:
-        logging.warning("%s: skipped %d malformed lines (first: %s)", cfg.qa_eval_path,
-                        len(skipped), skipped[0])
-      questions = [openqa_inputs.Question(r.question, list(r.answers),
-                                          r.answer_type == qa_lib.REGEX) for r in records]
+      questions = openqa_inputs.load_questions(cfg.qa_eval_path, cfg.qa_answer_type)
       tokenizer = RealmTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
       inputs = tokenizer.query_inputs([q.question for q in questions],
                                       seq_length=cfg.model.retriever.query_seq_length)
@@ -303,14 +343,41 @@ class RealmPretrainTask(base.RealmBaseTask):
   def build_metrics(self, training=None):
     names = ["mlm_accuracy", "retrieval_utility", "retrieval_entropy"]
     names += ["index_age"] if training else [f"recall@{self.task_config.recall_at}"]
+    # The health signals this path can compute: device retrieval has no answer marks.
+    marked = not (training and self.task_config.retrieval == "device")
+    names += [n for n in health_lib.SIGNALS if n not in (
+        health_lib.UNMARKED_SIGNALS if marked else health_lib.MARKED_SIGNALS)]
+    names += ["skipped_duplicates"]
     metrics = [tf_keras.metrics.Mean(n) for n in names]
     # Validation also counts the held-out sentences it scored.
     return metrics if training else metrics + [tf_keras.metrics.Sum("examples")]
+
+  def check_health(self, phase: str, step: int, logs) -> dict:
+    """The retrieval-health alarms of one training loop's or validation pass's ``logs``
+    (``realm_tf.health.HealthMonitor``), as summaries to add; a validation pass also prints
+    its one-line health report."""
+    logs = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
+    extra = self._health.check(phase, step, logs)
+    if phase == "validation":
+      line = self._health.summary_line(step, logs, extra)
+      logging.info("%s", line)
+      print(line, flush=True)
+    return extra
 
   def forward(self, inputs, model, metrics, training: bool):
     loss, m = replica_loss(model, inputs, training=training)
     by_name = {metric.name: metric for metric in metrics or []}
     if by_name:
+      signals = health_lib.retrieval_signals(
+          m["retrieval_logits"], m["token_log_p_given_z"], inputs["mlm_weights"],
+          m["query_embedding"], m["candidate_embeddings"], inputs.get("candidate_rows"),
+          inputs.get("candidate_holds_answer"))
+      for name, (values, weights) in signals.items():
+        if name in by_name:
+          by_name[name].update_state(values, sample_weight=tf.broadcast_to(
+              weights, tf.shape(values)))
+      if "skipped_duplicates" in inputs and "skipped_duplicates" in by_name:
+        by_name["skipped_duplicates"].update_state(inputs["skipped_duplicates"])
       by_name["mlm_accuracy"].update_state(m["correct"] / tf.maximum(m["num_tokens"], 1.0),
                                            sample_weight=m["num_tokens"])
       # The mean over the pass's real mask tokens (an example weighs its token count).
@@ -332,6 +399,18 @@ class RealmPretrainTask(base.RealmBaseTask):
     """The host-side numbers of this pass (``qa_recall@k``, ``qa_questions``), which Model
     Garden adds to the validation logs and summaries."""
     return dict(self._qa_logs)
+
+  def transform_gradients(self, grads_and_vars, model, optimizer):
+    """With ``retriever_freeze_steps`` N: the towers' gradients are zeroed for the first N
+    steps (their Adam moments stay 0, so they do not move, but for weight decay)."""
+    n = self.task_config.retriever_freeze_steps
+    if not n:
+      return grads_and_vars
+    towers = {id(v) for v in (model.query_embedder.trainable_variables +
+                              model.block_embedder.trainable_variables)}
+    live = tf.cast(optimizer.iterations >= n, tf.float32)
+    return [(g * tf.cast(live, g.dtype), v) if id(v) in towers else (g, v)
+            for g, v in grads_and_vars]
 
   def train_step(self, inputs, model, optimizer, metrics=None):
     if self.task_config.retrieval == "device":

@@ -1,15 +1,9 @@
-"""The on-disk contracts: file names, tf.Example features, manifests, readers and a writer.
+"""The tf.Example records of the data directories: their features, writers and parsers.
 
-The one definition of the directories that the corpus pipelines write and that the index, the
-trainers and the evaluation read. Nothing else lists shards, reads a manifest or parses a
-block.
+What one record of each directory (``manifests``) holds, and the one place that writes, parses
+and packs records.
 
-Blocks directory::
-
-  blocks-00000-of-0000N.tfrecord   tf.Example, one per block (shards in any order; read_blocks
-                                   sorts by block_id)
-  manifest.json                    {"num_blocks", "fingerprint", "num_shards", "vocab_file",
-                                    "vocab_sha1", "lower_case", "block_seq_length", ...}
+Block (``blocks-*.tfrecord``, :data:`BLOCK_FEATURES`)::
 
   block_id    int64   dense 0..num_blocks-1, ordered by (title, source text hash, position of
                       the block within its article): the same on every run and every runner
@@ -19,64 +13,37 @@ Blocks directory::
   body        bytes   block text: whole sentences of the article, original spacing
   token_ids   int64[] [CLS] title [SEP] body [SEP], unpadded, at most block_seq_length (288)
 
-``fingerprint`` = hex SHA1 over the uids in block_id order, each followed by "\\n"
-(:func:`corpus_fingerprint`). :func:`pack_block_ids` turns ``token_ids`` into fixed-length
-model inputs::
+:func:`pack_block_ids` turns ``token_ids`` into fixed-length model inputs::
 
     {"token_ids": [[2, 7, 3, 9, 9, 3]]}  --pack_block_ids(seq_length=5)-->
     input_word_ids [[2, 7, 3, 9, 3]]   (trimmed; the final [SEP] is kept)
     input_mask     [[1, 1, 1, 1, 1]]
     input_type_ids [[0, 0, 0, 1, 1]]   (0 through the first [SEP], 1 after)
 
-Pre-training examples directory: ``train-*.tfrecord``, ``eval-*.tfrecord``, ``manifest.json``;
-features in :data:`PRETRAIN_FEATURES` (fixed length; :func:`parse_pretrain_example` casts the
-int64s to int32) and host-only strings in :data:`PRETRAIN_HOST_FEATURES`; the other maskings of
-the sentence that training draws from in :data:`PRETRAIN_VARIANT_FEATURES` (optional; see
-:func:`choose_pretrain_variant`).
+Pre-training example: features in :data:`PRETRAIN_FEATURES` (fixed length;
+:func:`parse_pretrain_example` casts the int64s to int32) and host-only strings in
+:data:`PRETRAIN_HOST_FEATURES`; the other maskings of the sentence that training draws from in
+:data:`PRETRAIN_VARIANT_FEATURES` (optional; see :func:`choose_pretrain_variant`).
 
-ICT examples directory: ``train-*.tfrecord``, ``eval-*.tfrecord``, ``manifest.json``. One
-record per block with at least two sentences (:data:`ICT_RECORD_FEATURES`, written by
+ICT record: one per block with at least two sentences (:data:`ICT_RECORD_FEATURES`, written by
 :func:`serialize_ict_block`): ``block_id``, the title's wordpieces ``title_ids`` and the body's
 sentences as wordpieces, flattened in ``sentence_token_ids`` with ``sentence_lengths``. The
-manifest (:func:`load_ict_manifest`) has ``"sampling": ICT_SAMPLING``, the default
-``remove_prob`` and the ``cls_id``/``sep_id`` of its vocabulary. The pairs are drawn when read,
-as ORQA does: :func:`sample_ict_examples` picks one sentence of each block as the query
-``[CLS] sentence [SEP]`` (cut to ``query_seq_length``) and, with a fresh coin, removes it from
-the block ``[CLS] title [SEP] other sentences [SEP]`` with probability ``remove_prob``; the
-result has :func:`ict_features`.
+pairs are drawn when read, as ORQA does: :func:`sample_ict_examples` picks one sentence of each
+block as the query ``[CLS] sentence [SEP]`` (cut to ``query_seq_length``) and, with a fresh
+coin, removes it from the block ``[CLS] title [SEP] other sentences [SEP]`` with probability
+``remove_prob``; the result has :func:`ict_features`.
 
-Sentences directory (intermediate): ``sentences-*.jsonl``, one JSON object per sentence (see
-:data:`SENTENCE_FIELDS`), and ``manifest.json``.
-
-Shards are named ``<prefix>-SSSSS-of-NNNNN<suffix>`` (:func:`shard_name`). A directory without
-its ``manifest.json`` is absent: the manifest is written last.
-
-Errors: :class:`DataError` and its subclasses, each with a one-line message naming the path.
+Sentence (one JSON line of ``sentences-*.jsonl``): :data:`SENTENCE_FIELDS`.
 """
 
 import hashlib
-import json
-import os
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Sequence
 
-import numpy as np
 import tensorflow as tf
-
-MANIFEST = "manifest.json"
-BLOCKS_PREFIX = "blocks"
-TFRECORD_SUFFIX = ".tfrecord"
-SENTENCES_PREFIX = "sentences"
-JSONL_SUFFIX = ".jsonl"
-SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
-TRAIN_SPLIT = "train"
-EVAL_SPLIT = "eval"
 
 BLOCK_SEQ_LENGTH = 288
 QUERY_SEQ_LENGTH = 96
 MAX_MASKS = 10
-
-# Keys every blocks manifest has (the pipelines write more).
-BLOCKS_MANIFEST_KEYS = ("num_blocks", "fingerprint", "num_shards")
 
 BLOCK_FEATURES = {
     "block_id": tf.io.FixedLenFeature([], tf.int64),
@@ -168,10 +135,6 @@ ICT_RECORD_FEATURES = {
         tf.int64, value_key="sentence_token_ids",
         partitions=[tf.io.RaggedFeature.RowLengths("sentence_lengths")]),
 }
-# The manifest's ``sampling`` of an ICT directory in this format (older ones lack the key).
-ICT_SAMPLING = "one random sentence per block per read, fresh removal coin"
-ICT_MANIFEST_KEYS = ("sampling", "remove_prob", "cls_id", "sep_id")
-
 # Fields of one line of sentences-*.jsonl (byte offsets are into UTF-8 encodings).
 SENTENCE_FIELDS = {
     "block_id": "int, the block the sentence is in",
@@ -186,157 +149,9 @@ SENTENCE_FIELDS = {
 }
 
 
-# ------------------------------------------------------------------------------------ errors --
-
-class DataError(ValueError):
-  """Base class: a data directory, manifest or file that is missing or does not fit."""
-
-
-class MissingDataError(DataError, FileNotFoundError):
-  """A data directory, its manifest or its shards are missing (e.g. an unfinished run)."""
-
-
-class CorpusFormatError(DataError):
-  """A blocks directory (or a file derived from it) that does not follow the format."""
-
-
-class EmptyCorpusError(DataError):
-  """A blocks directory, or one shard of it, with no blocks."""
-
-
-class MissingCorpusError(MissingDataError, CorpusFormatError):
-  """A blocks directory or its manifest is missing: both missing data and a bad corpus."""
-
-
-# ---------------------------------------------------------------------- names and hashes --
-
-def shard_name(prefix: str, index: int, num_shards: int, suffix: str = TFRECORD_SUFFIX) -> str:
-  """``shard_name("blocks", 3, 8)`` -> ``"blocks-00003-of-00008.tfrecord"`` (prefix may be a
-  path)."""
-  return f"{prefix}-{index:05d}-of-{num_shards:05d}{suffix}"
-
-
-def _decode(value):
-  return value.decode("utf-8") if isinstance(value, bytes) else value
-
-
 def block_uid(title: str, body: str) -> str:
   """REALM's document uid: hex ``SHA1(title + " <sep> " + body)`` over UTF-8."""
   return hashlib.sha1(f"{title} <sep> {body}".encode("utf-8")).hexdigest()
-
-
-def corpus_fingerprint(uids: Iterable) -> str:
-  """Hex SHA1 over the block uids (str or bytes) in block_id order, each followed by "\\n"."""
-  h = hashlib.sha1()
-  for uid in uids:
-    h.update(_decode(uid).encode("ascii") + b"\n")
-  return h.hexdigest()
-
-
-def file_sha1(path: str) -> str:
-  """Hex SHA1 of a local or remote file's bytes (e.g. ``vocab_sha1`` of a manifest)."""
-  h = hashlib.sha1()
-  with tf.io.gfile.GFile(path, "rb") as f:
-    while True:
-      chunk = f.read(1 << 20)
-      if not chunk:
-        break
-      h.update(chunk)
-  return h.hexdigest()
-
-
-# ------------------------------------------------------------------ manifests and shards --
-
-def _read_manifest(directory: str, missing_error, format_error, not_found: str,
-                   no_manifest: str) -> Dict:
-  """The JSON object in ``directory/manifest.json``; the errors' classes and texts are given."""
-  if not tf.io.gfile.isdir(directory):
-    raise missing_error(not_found)
-  path = os.path.join(directory, MANIFEST)
-  if not tf.io.gfile.exists(path):
-    raise missing_error(no_manifest)
-  with tf.io.gfile.GFile(path, "r") as f:
-    try:
-      manifest = json.load(f)
-    except ValueError as e:
-      raise format_error(f"{path} is not valid JSON: {e}") from None
-  if not isinstance(manifest, dict):
-    raise format_error(f"{path} is not a JSON object")
-  return manifest
-
-
-def load_manifest(directory: str) -> Dict:
-  """The ``manifest.json`` of any data directory (blocks, sentences, examples).
-
-  Raises MissingDataError when the directory or its manifest is missing, DataError when the
-  manifest is not a JSON object.
-  """
-  return _read_manifest(
-      directory, MissingDataError, DataError, f"directory not found: {directory}",
-      f"no {MANIFEST} in {directory}: its pipeline run did not finish or it is not a data "
-      "directory; run the pipeline that writes it first")
-
-
-def load_blocks_manifest(blocks_dir: str) -> Dict:
-  """The manifest of a blocks directory, checked: it has :data:`BLOCKS_MANIFEST_KEYS` and blocks.
-
-  Raises MissingCorpusError (a missing directory or manifest), CorpusFormatError (bad JSON,
-  missing keys) or EmptyCorpusError (``num_blocks`` 0).
-  """
-  manifest = _read_manifest(
-      blocks_dir, MissingCorpusError, CorpusFormatError,
-      f"blocks directory not found: {blocks_dir}",
-      f"{blocks_dir} is not a blocks directory: no {MANIFEST} (write one with the blocks "
-      "pipeline, or write_blocks for a small corpus)")
-  path = os.path.join(blocks_dir, MANIFEST)
-  missing = [k for k in BLOCKS_MANIFEST_KEYS if k not in manifest]
-  if missing:
-    raise CorpusFormatError(f"{path} lacks the keys {missing}")
-  if int(manifest["num_blocks"]) <= 0:
-    raise EmptyCorpusError(f"the corpus in {blocks_dir} is empty (num_blocks = "
-                           f"{manifest['num_blocks']}): nothing to index")
-  return manifest
-
-
-def shard_files(directory: str, prefix: str, suffix: str = TFRECORD_SUFFIX) -> List[str]:
-  """Sorted shard files ``<prefix>-SSSSS-of-NNNNN<suffix>`` of a directory (maybe none).
-
-  Raises MissingDataError when the directory does not exist.
-  """
-  if not tf.io.gfile.isdir(directory):
-    raise MissingDataError(f"directory not found: {directory}")
-  return sorted(
-      os.path.join(directory, f) for f in tf.io.gfile.listdir(directory)
-      if f.startswith(prefix + "-") and f.endswith(suffix) and "-of-" in f)
-
-
-def block_shard_files(blocks_dir: str, manifest: Optional[Dict] = None) -> List[str]:
-  """The sorted TFRecord shards of ``blocks_dir``, checked against the manifest's num_shards."""
-  manifest = manifest or load_blocks_manifest(blocks_dir)
-  files = shard_files(blocks_dir, BLOCKS_PREFIX)
-  pattern = f"{BLOCKS_PREFIX}-*-of-*{TFRECORD_SUFFIX}"
-  if not files:
-    raise EmptyCorpusError(f"no {pattern} files in {blocks_dir}")
-  expected = int(manifest.get("num_shards", len(files)))
-  if len(files) != expected:
-    raise CorpusFormatError(
-        f"{blocks_dir}: manifest says {expected} shards but {len(files)} files match "
-        f"{pattern} (an unfinished run of the blocks pipeline?)")
-  return files
-
-
-# ----------------------------------------------------------------------------- tf.Example --
-
-def _iter_records(files: Sequence[str]) -> Iterator[bytes]:
-  for path in files:
-    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
-      yield record
-
-
-def iter_tf_examples(files: Sequence[str]) -> Iterator[tf.train.Example]:
-  """The tf.Examples of TFRecord files, file by file."""
-  for record in _iter_records(files):
-    yield tf.train.Example.FromString(record)
 
 
 def example_to_dict(example: tf.train.Example) -> Dict:
@@ -346,12 +161,10 @@ def example_to_dict(example: tf.train.Example) -> Dict:
     kind = feature.WhichOneof("kind")
     values = list(getattr(feature, kind).value) if kind else []
     if kind == "bytes_list":
-      values = [_decode(v) for v in values]
+      values = [v.decode("utf-8") for v in values]
     out[key] = values
   return out
 
-
-# --------------------------------------------------------------------------------- blocks --
 
 def serialize_block(block_id: int, uid: str, title: str, body: str,
                     token_ids: Sequence[int]) -> bytes:
@@ -379,27 +192,6 @@ def parse_block(serialized: bytes) -> Dict:
   return {k: (v if k in _BLOCK_LIST_FEATURES else v[0]) for k, v in d.items()}
 
 
-def read_blocks(blocks_dir: str, check_manifest: bool = True) -> List[Dict]:
-  """All blocks of a blocks directory (dicts as :func:`parse_block` gives), sorted by block_id.
-
-  With ``check_manifest``, the shards, the count and the fingerprint are checked against
-  ``manifest.json`` (CorpusFormatError when they differ).
-  """
-  if check_manifest:
-    manifest = load_blocks_manifest(blocks_dir)
-    files = block_shard_files(blocks_dir, manifest)
-  else:
-    manifest, files = None, shard_files(blocks_dir, BLOCKS_PREFIX)
-  blocks = sorted((parse_block(r) for r in _iter_records(files)), key=lambda b: b["block_id"])
-  if manifest is not None:
-    if len(blocks) != manifest["num_blocks"]:
-      raise CorpusFormatError(f"{blocks_dir}: {len(blocks)} blocks on disk, manifest says "
-                              f"{manifest['num_blocks']}")
-    if corpus_fingerprint(b["uid"] for b in blocks) != manifest["fingerprint"]:
-      raise CorpusFormatError(f"{blocks_dir}: the blocks do not match the manifest fingerprint")
-  return blocks
-
-
 def parse_block_batch(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
   """A batch of serialized blocks -> dict of tensors (``token_ids`` ragged int64; no
   ``doc_title``)."""
@@ -407,28 +199,6 @@ def parse_block_batch(serialized: tf.Tensor) -> Dict[str, tf.Tensor]:
   if isinstance(parsed["token_ids"], tf.SparseTensor):
     parsed["token_ids"] = tf.RaggedTensor.from_sparse(parsed["token_ids"])
   return parsed
-
-
-def read_block_fields(blocks_dir: str, block_ids: Optional[Iterable[int]] = None,
-                      fields: Sequence[str] = ("title", "body")) -> Dict[int, Dict[str, object]]:
-  """``{block_id: {field: value}}`` for the wanted blocks (all when ``block_ids`` is None).
-
-  Scans the shards once, stopping when every wanted block was found; strings are decoded to
-  ``str``. For showing search results.
-  """
-  wanted = None if block_ids is None else set(int(i) for i in block_ids)
-  found = {}
-  dataset = tf.data.TFRecordDataset(block_shard_files(blocks_dir)).batch(1024).map(
-      parse_block_batch)
-  for batch in dataset.as_numpy_iterator():
-    for row, block_id in enumerate(batch["block_id"]):
-      block_id = int(block_id)
-      if wanted is not None and block_id not in wanted:
-        continue
-      found[block_id] = {name: _decode(batch[name][row]) for name in fields}
-    if wanted is not None and len(found) == len(wanted):
-      break
-  return found
 
 
 def pack_block_ids(token_ids: tf.RaggedTensor, seq_length: int, sep_id: int,
@@ -456,47 +226,6 @@ def pack_block_ids(token_ids: tf.RaggedTensor, seq_length: int, sep_id: int,
   return {"input_word_ids": dense, "input_mask": tf.cast(mask, tf.int32),
           "input_type_ids": tf.cast(type_ids, tf.int32)}
 
-
-def write_blocks(blocks_dir: str, titles: Sequence[str], bodies: Sequence[str], tokenizer,
-                 block_seq_length: int, num_shards: int = 1, vocab_file: Optional[str] = None
-                 ) -> Dict:
-  """Writes a small blocks directory in the format above (for tests, demos, custom corpora).
-
-  ``tokenizer`` is a ``RealmTokenizer``; ``token_ids`` are its ``block_inputs`` without padding.
-  Block ``i`` is ``(titles[i], bodies[i])``. Returns the manifest.
-  """
-  if len(titles) != len(bodies):
-    raise ValueError(f"{len(titles)} titles but {len(bodies)} bodies")
-  tf.io.gfile.makedirs(blocks_dir)
-  token_ids: List[np.ndarray] = []
-  for start in range(0, len(titles), 512):
-    inputs = tokenizer.block_inputs(list(titles[start:start + 512]),
-                                    list(bodies[start:start + 512]), block_seq_length)
-    ids, mask = inputs["input_word_ids"].numpy(), inputs["input_mask"].numpy()
-    token_ids.extend(row[:m.sum()] for row, m in zip(ids, mask))
-  uids = [block_uid(t, b) for t, b in zip(titles, bodies)]
-  n = len(titles)
-  for shard in range(num_shards):
-    path = os.path.join(blocks_dir, shard_name(BLOCKS_PREFIX, shard, num_shards))
-    with tf.io.TFRecordWriter(path) as writer:
-      for i in range(shard * n // num_shards, (shard + 1) * n // num_shards):
-        writer.write(serialize_block(i, uids[i], titles[i], bodies[i], token_ids[i]))
-  vocab_file = vocab_file or tokenizer.vocab_file
-  manifest = {
-      "num_blocks": n,
-      "vocab_file": vocab_file,
-      "vocab_sha1": file_sha1(vocab_file),
-      "lower_case": bool(tokenizer.lower_case),
-      "block_seq_length": int(block_seq_length),
-      "fingerprint": corpus_fingerprint(uids),
-      "num_shards": num_shards,
-  }
-  with tf.io.gfile.GFile(os.path.join(blocks_dir, MANIFEST), "w") as f:
-    json.dump(manifest, f, indent=2)
-  return manifest
-
-
-# ---------------------------------------------------------------- examples and sentences --
 
 def _cast_ints(parsed: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
   return {k: tf.cast(v, tf.int32) if v.dtype == tf.int64 else v for k, v in parsed.items()}
@@ -586,21 +315,6 @@ def parse_ict_example(serialized) -> Dict[str, tf.Tensor]:
   return _cast_ints(tf.io.parse_example(serialized, ICT_RECORD_FEATURES))
 
 
-def load_ict_manifest(examples_dir: str) -> Dict:
-  """The manifest of an ICT examples directory in the sampled format (:data:`ICT_SAMPLING`).
-
-  Raises MissingDataError (no directory or manifest) or DataError for a directory of another
-  format, e.g. the fixed (sentence, block) pairs of older versions.
-  """
-  manifest = load_manifest(examples_dir)
-  missing = [k for k in ICT_MANIFEST_KEYS if k not in manifest]
-  if missing or manifest["sampling"] != ICT_SAMPLING:
-    raise DataError(f"{examples_dir} holds ICT examples in an older format (fixed pairs; its "
-                    f"manifest lacks {missing or ['sampling = ' + repr(ICT_SAMPLING)]}): "
-                    "rebuild it with python -m data_prep.ict_examples")
-  return manifest
-
-
 def ict_draws(num_sentences: tf.Tensor, seed, remove_prob: float):
   """The random choices of :func:`sample_ict_examples`, from ``stateless_uniform([b, 2], seed)``.
 
@@ -613,9 +327,26 @@ def ict_draws(num_sentences: tf.Tensor, seed, remove_prob: float):
   return index, u[:, 1] < remove_prob
 
 
+def mask_query_spans(word_ids, input_mask, seed, prob: float, mask_id: int, max_span: int):
+  """With probability ``prob`` per row, a span of 1 to ``max_span`` wordpieces (uniform, at most
+  the sentence) at a uniform place of a ``[CLS] sentence [SEP]`` query becomes ``[MASK]``: ICT
+  queries shaped like REALM's masked ones. Draws from ``stateless_uniform([b, 3], seed)``."""
+  batch, width = tf.shape(word_ids)[0], word_ids.shape[1]
+  u = tf.random.stateless_uniform(tf.stack([batch, 3]), seed=seed)
+  inner = tf.maximum(tf.reduce_sum(tf.cast(input_mask, tf.int32), axis=1) - 2, 0)
+  span = tf.minimum(1 + tf.cast(u[:, 0] * max_span, tf.int32), inner)
+  start = 1 + tf.minimum(tf.cast(u[:, 1] * tf.cast(inner - span + 1, tf.float32), tf.int32),
+                         inner - span)
+  pos = tf.range(width)[tf.newaxis, :]
+  hit = ((pos >= start[:, tf.newaxis]) & (pos < (start + span)[:, tf.newaxis]) &
+         (u[:, 2] < prob)[:, tf.newaxis])
+  return tf.where(hit, tf.cast(mask_id, word_ids.dtype), word_ids)
+
+
 def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: int,
                         block_seq_length: int, remove_prob: float, cls_id: int,
-                        sep_id: int) -> Dict[str, tf.Tensor]:
+                        sep_id: int, query_mask_prob: float = 0.0, mask_id: int = -1,
+                        max_mask_span: int = 3) -> Dict[str, tf.Tensor]:
   """ORQA's Inverse Cloze Task: one fresh (query, block) pair per parsed ICT record.
 
   In each row, sentence ``i`` (uniform over the block's sentences, :func:`ict_draws`) is the
@@ -633,6 +364,8 @@ def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: in
     remove_prob: probability that the query sentence is cut out of its block.
     cls_id: the ``[CLS]`` id.
     sep_id: the ``[SEP]`` id.
+    query_mask_prob: probability that a span of the query is masked (:func:`mask_query_spans`
+      with ``mask_id`` and ``max_mask_span``); 0, ORQA's ICT.
 
   Returns:
     A batch of examples with :func:`ict_features` (int32).
@@ -654,8 +387,13 @@ def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: in
   title = parsed["title_ids"][:, :max(block_seq_length - 3, 0)]
   block = pack_block_ids(tf.concat([cls, title, sep, context, sep], axis=1), block_seq_length,
                          sep_id)
+  query_ids = query["input_word_ids"]
+  if query_mask_prob > 0:
+    query_ids = mask_query_spans(query_ids, query["input_mask"],
+                                 tf.random.experimental.stateless_fold_in(seed, 1),
+                                 query_mask_prob, mask_id, max_mask_span)
   out = {
-      "query_ids": query["input_word_ids"], "query_mask": query["input_mask"],
+      "query_ids": query_ids, "query_mask": query["input_mask"],
       "block_ids": block["input_word_ids"], "block_mask": block["input_mask"],
       "block_type_ids": block["input_type_ids"],
       "block_id": tf.cast(parsed["block_id"], tf.int32),
@@ -664,40 +402,3 @@ def sample_ict_examples(parsed: Dict[str, tf.Tensor], seed, query_seq_length: in
   rows = parsed["block_id"].shape[:1]  # Static when the batch size is.
   spec = ict_features(query_seq_length, block_seq_length)
   return {k: tf.ensure_shape(v, rows.concatenate(spec[k].shape)) for k, v in out.items()}
-
-
-def example_files(examples_dir: str, split: str = TRAIN_SPLIT) -> List[str]:
-  """The ``<split>-*.tfrecord`` shards of a pre-training or ICT examples directory."""
-  return shard_files(examples_dir, split)
-
-
-def read_examples(examples_dir: str, split: str = TRAIN_SPLIT) -> List[Dict]:
-  """All examples of one split as plain dicts (for tests and inspection, not for training)."""
-  return [example_to_dict(ex) for ex in iter_tf_examples(example_files(examples_dir, split))]
-
-
-def make_dataset(examples_dir: str, split: str, parse_fn, shuffle_files: bool = False,
-                 **parse_kwargs) -> tf.data.Dataset:
-  """A tf.data pipeline over one split, each record parsed with ``parse_fn``.
-
-  Example::
-
-    ds = make_dataset(d, "train", parse_pretrain_example, with_host_features=False)
-  """
-  files = example_files(examples_dir, split)
-  if not files:
-    raise MissingDataError(f"no {split}-*{TFRECORD_SUFFIX} files in {examples_dir}")
-  ds = tf.data.Dataset.from_tensor_slices(files)
-  if shuffle_files:
-    ds = ds.shuffle(len(files))
-  ds = ds.interleave(tf.data.TFRecordDataset, num_parallel_calls=tf.data.AUTOTUNE)
-  return ds.map(lambda s: parse_fn(s, **parse_kwargs), num_parallel_calls=tf.data.AUTOTUNE)
-
-
-def read_sentences(sentences_dir: str) -> Iterator[Dict]:
-  """The annotated sentences (dicts with :data:`SENTENCE_FIELDS`), shard by shard."""
-  for path in shard_files(sentences_dir, SENTENCES_PREFIX, JSONL_SUFFIX):
-    with tf.io.gfile.GFile(path, "r") as f:
-      for line in f:
-        if line.strip():
-          yield json.loads(line)

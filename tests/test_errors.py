@@ -1,0 +1,61 @@
+"""One base for the project's expected errors (``realm_tf.errors.RealmError``): every error class
+of the project derives from it, and a command line reports it on one line with exit status 2
+while a bug (a bare ``ValueError``) keeps its traceback."""
+
+import importlib
+import inspect
+import pkgutil
+import sys
+from unittest import mock
+
+import pytest
+
+import data_prep
+import realm_tf
+from experiments import assets
+from realm_tf import errors
+from realm_tf.binaries import cli
+
+
+def _project_modules():
+  for package in (realm_tf, data_prep):
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+      if ".binaries." not in info.name:   # each binary defines its flags at import
+        yield importlib.import_module(info.name)
+  yield assets
+
+
+def test_every_project_error_is_a_realm_error():
+  classes = {cls for module in _project_modules()
+             for _, cls in inspect.getmembers(module, inspect.isclass)
+             if issubclass(cls, Exception) and cls.__module__.split(".")[0] in (
+                 "realm_tf", "data_prep", "experiments")}
+  assert len(classes) >= 15, sorted(c.__name__ for c in classes)
+  assert [c for c in classes if not issubclass(c, errors.RealmError)] == []
+  # One class per name: no two different errors called alike.
+  names = [c.__name__ for c in classes]
+  assert len(names) == len(set(names)), sorted(names)
+
+
+def _run_main(exception):
+  def main(argv):
+    del argv
+    raise exception
+
+  with mock.patch.object(sys, "argv", ["prog"]):
+    cli.run_main(main)
+
+
+def test_run_main_reports_expected_errors_on_one_line(capsys):
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  for error in (manifests.MissingDataError("no manifest.json in /x"),
+                errors.RealmError("a bad corpus"), FileNotFoundError("/y: not found")):
+    with pytest.raises(SystemExit) as done:
+      _run_main(error)
+    assert done.value.code == 2
+    assert capsys.readouterr().err == f"error: {error}\n"
+
+
+def test_run_main_keeps_the_traceback_of_a_bug():
+  with pytest.raises(ValueError, match="a bug"):
+    _run_main(ValueError("a bug"))
