@@ -9,6 +9,8 @@ each other. It holds:
 - the command lines run in this process (``run_cli``, as ``python -m`` would: flags of their
   own, ``SystemExit`` caught) or, for one smoke test per binary, as a process of their own
   (``run_process``);
+- the tiny REALM model and random inputs of the pre-training unit tests (``tiny_config``,
+  ``make_blocks``, ``make_examples``, ``ExactHandle``);
 - a few ICT steps on a prepared world (``train_ict``) and the TensorBoard scalars of a log
   directory (``scalars``).
 
@@ -19,6 +21,7 @@ in ``conftest.py``.
 
 import contextlib
 import io
+import hashlib
 import json
 import math
 import os
@@ -308,6 +311,73 @@ def error_line(proc):
   lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
   assert len(lines) == 1, proc.stderr[-2000:]
   return lines[0]
+
+
+# ------------------------------------------------------- a tiny REALM model and its inputs --
+# REALM pre-training's unit tests (test_realm_pretrain, test_health): 16-wide towers over a
+# 40-token vocabulary, random blocks and masked queries, exact search over fixed embeddings.
+
+VOCAB, CLS, SEP, MASK = 40, 2, 3, 4
+K, M, LQ, LB, LR = 4, 3, 10, 12, 20
+
+
+def tiny_config(share=True):
+  """The tiny REALM model's config (no dropout, a wide initialization)."""
+  enc = configs.bert_tiny(VOCAB, 16)
+  enc.override(dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.5))
+  return configs.RealmModelConfig(
+      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, share_embedders=share,
+                                        query_seq_length=LQ, block_seq_length=LB),
+      reader=configs.ReaderConfig(encoder=enc, seq_length=LR), num_candidates=K, max_masks=M)
+
+
+def make_blocks(n, rng):
+  """``n`` random blocks (token ids, uid); the last two share a uid."""
+  blocks = []
+  for i in range(n):
+    title = [int(x) for x in rng.integers(5, VOCAB, 2)]
+    body = [int(x) for x in rng.integers(5, VOCAB, rng.integers(3, 12))]
+    key = "duplicate" if i >= n - 2 else f"t{i} <sep> b{i}"   # the last two share a uid
+    uid = hashlib.sha1(key.encode()).hexdigest()
+    blocks.append(dict(block_id=i, uid=uid, token_ids=[CLS] + title + [SEP] + body + [SEP]))
+  return blocks
+
+
+def make_examples(b, rng, blocks):
+  """``b`` masked queries (1 to M masked tokens each) whose source blocks are drawn from
+  ``blocks``."""
+  query_ids = np.zeros([b, LQ], np.int64)
+  query_mask = np.zeros([b, LQ], np.int64)
+  positions = np.zeros([b, M], np.int64)
+  ids = np.zeros([b, M], np.int64)
+  weights = np.zeros([b, M], np.float32)
+  for i in range(b):
+    n = int(rng.integers(4, LQ - 2))
+    toks = rng.integers(5, VOCAB, n)
+    nm = int(rng.integers(1, M + 1))
+    start = int(rng.integers(0, n - nm + 1))
+    ids[i, :nm] = toks[start:start + nm]
+    positions[i, :nm] = np.arange(start, start + nm) + 1
+    toks[start:start + nm] = MASK
+    query_ids[i, :n + 2] = [CLS, *toks, SEP]
+    query_mask[i, :n + 2] = 1
+    weights[i, :nm] = 1.0
+  source = rng.integers(0, len(blocks), b)
+  return dict(query_ids=query_ids, query_mask=query_mask, mlm_positions=positions, mlm_ids=ids,
+              mlm_weights=weights, source_uid=np.array([blocks[s]["uid"] for s in source]),
+              source_block_id=source)
+
+
+class ExactHandle:
+  """Exact search over fixed block embeddings (stands in for IndexHandle)."""
+
+  def __init__(self, emb, step=0):
+    self.emb, self.step = emb, step
+
+  def search(self, q, k):
+    scores = q @ self.emb.T
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(scores, order, 1)
 
 
 # -------------------------------------------------------------------------- training --
