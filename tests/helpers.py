@@ -3,6 +3,7 @@
 Test modules import it as ``helpers`` (pytest puts ``tests/`` on ``sys.path``) and never import
 each other. It holds:
 
+- JSON-lines files written and read (``write_lines``, ``read_jsonl``);
 - TF1 checkpoints in Google's BERT names (``random_bert``, ``write_tf1_checkpoint``) and an
   independent NumPy BERT with the tanh GELU (``np_bert``), for the converters' tests;
 - tiny Hugging Face BERT directories (``hf_config``, ``hf_tensors``, ``write_hf_dir``);
@@ -19,6 +20,7 @@ use them too); the synthetic worlds and warm starts several modules share are se
 in ``conftest.py``.
 """
 
+import concurrent.futures
 import contextlib
 import io
 import hashlib
@@ -51,6 +53,20 @@ def write_word_vocab(path, words):
   with open(path, "w") as f:
     f.write("\n".join(vocab) + "\n")
   return len(vocab)
+
+
+def write_lines(path, rows):
+  """One line per row (a string as it is, anything else as JSON) -> ``str(path)``."""
+  with open(path, "w", encoding="utf-8") as f:
+    for row in rows:
+      f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+  return str(path)
+
+
+def read_jsonl(path):
+  """The JSON objects of a JSON-lines file, one per non-empty line."""
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
 
 
 # ------------------------------------------------------------------- TF1 BERT checkpoints --
@@ -301,6 +317,14 @@ def run_process(module, *args, timeout=300):
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
   return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                         env=env, cwd=REPO, timeout=timeout, check=False)
+
+
+def run_processes(runs, parallel=2):
+  """``{name: (module, *args)}`` run as processes of their own, ``parallel`` at a time (their
+  start-up, importing TensorFlow, is the cost: two cores run two) -> ``{name: finished}``."""
+  with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+    futures = {name: pool.submit(run_process, *run) for name, run in runs.items()}
+  return {name: future.result() for name, future in futures.items()}
 
 
 def error_line(proc):
