@@ -7,9 +7,10 @@ An experiment, not a library: it drives the data pipelines, ``realm-train`` and
    word and year one wordpiece), and ``--reading_worlds`` counterfactual worlds: the same names,
    other facts;
 2. data_prep: blocks, salient-span annotation, masked examples, ICT examples, for each world;
-3. warm starts: the reader learns to read on the counterfactual worlds (the toy stand-in for
-   its BERT initialization, ``tasks/reader_read.py``), and ICT trains the retriever on the
-   demo world;
+3. warm starts (``warm_start_stages``): the reader learns to read on the counterfactual worlds
+   (the toy stand-in for its BERT initialization, ``tasks/reader_read.py``), then learns,
+   beside distractor blocks, to predict from the query alone when a block does not help; ICT
+   trains the retriever on the demo world, with a masked span in half of its queries;
 4. REALM pre-training with ``realm-train`` and ``realm-refresh`` running side by side as two
    processes (the refresher re-embeds the corpus from each new checkpoint);
 5. at the same time, the stale-index ablation: the same run with the index built once and
@@ -40,6 +41,10 @@ flags.DEFINE_integer("seed", 0, "Seed of the synthetic world.")
 flags.DEFINE_float("world_scale", 1.0, "Size of the synthetic world (1.0: 210 articles).")
 flags.DEFINE_integer("reading_worlds", 4, "Counterfactual worlds the reader learns to read on.")
 flags.DEFINE_integer("reading_steps", 6000, "Reading warm-start steps of the reader.")
+flags.DEFINE_integer("distractor_steps", 1500,
+                     "Steps of the reader's fine-tuning beside distractor blocks, after its "
+                     "reading warm start (0: none; experiments/NOTES.md section 15).")
+flags.DEFINE_integer("distractors", 2, "Distractor blocks per sentence in that fine-tuning.")
 flags.DEFINE_integer("ict_steps", 400, "ICT warm-start steps.")
 flags.DEFINE_float("ict_learning_rate", 5e-4, "ICT peak learning rate.")
 flags.DEFINE_integer("realm_steps", 1000, "REALM pre-training steps (each run).")
@@ -112,6 +117,17 @@ def prepare_data(out: str):
   return world, files, prepared, reading
 
 
+def reading_corpora(out: str, reading) -> str:
+  """A YAML (JSON is YAML) naming the reading worlds' examples and blocks, for the reading
+  warm starts' ``train_data``; its path."""
+  path = os.path.join(out, "reading_corpora.yaml")
+  with open(path, "w") as f:
+    json.dump({"task": {"train_data": {
+        "input_path": [os.path.join(d["pretrain"], "train-*") for d in reading],
+        "blocks_dir": [d["blocks"] for d in reading]}}}, f)
+  return path
+
+
 def vocab_size(vocab):
   from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
   return len(tokenization.load_vocab(vocab))
@@ -120,6 +136,59 @@ def vocab_size(vocab):
 def schedule(steps, learning_rate, prefix="trainer.optimizer_config.learning_rate.polynomial"):
   return [f"trainer.train_steps={steps}", f"{prefix}.decay_steps={steps}",
           f"{prefix}.initial_learning_rate={learning_rate}"]
+
+
+def warm_start_stages(vocab: str, reading_corpora: str, ict_examples: str) -> dict:
+  """The warm starts, in order: ``{name: (experiment, steps, learning rate, YAML files,
+  overrides)}`` (``{out}`` in an override is the output directory).
+
+  * ``reader_read``: the reading warm start on the counterfactual worlds
+    (``reading_corpora``: a YAML of their examples and blocks), the toy stand-in for BERT;
+  * ``reader``: that reader fine-tuned beside ``--distractors`` blocks without the answer, so
+    that it reads as BERT would from a block that does not help, predicting from the query
+    rather than copying a name from the block (``ReaderReadTaskConfig.distractors``; without
+    it REALM's retriever collapses: experiments/NOTES.md section 15). REALM and the baseline
+    start from it;
+  * ``ict``: ICT on ``ict_examples`` (``ict_cpu__demo.yaml``: a masked span in half of the
+    queries).
+  """
+  n = vocab_size(vocab)
+  reader = [f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
+            f"task.model.retriever.encoder.vocab_size={n}"]
+  stages = {"reader_read": ("reader_read_cpu", FLAGS.reading_steps, 1e-3, [reading_corpora],
+                            reader)}
+  if FLAGS.distractor_steps:
+    stages["reader"] = ("reader_read_cpu", FLAGS.distractor_steps, 3e-4, [reading_corpora],
+                        reader + [f"task.distractors={FLAGS.distractors}",
+                                  "task.init_checkpoint={out}/reader_read"])
+  stages["ict"] = ("ict_cpu", FLAGS.ict_steps, FLAGS.ict_learning_rate, [],
+                   [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
+                    f"task.train_data.input_path={os.path.join(ict_examples, 'train-*')}"])
+  return stages
+
+
+def train_warm_starts(out: str, stages: dict) -> dict:
+  """Trains each stage of ``warm_start_stages`` (or more of that form) into ``out/<name>``,
+  skipping those already trained; returns ``{name: (model_dir, last training logs)}``."""
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  done = {}
+  for name, (experiment, steps, learning_rate, yaml_files, overrides) in stages.items():
+    model_dir = os.path.join(out, name)
+    if model_dir_lib.training_done(model_dir):
+      _say(f"{name}: already trained in {model_dir}")
+      done[name] = (model_dir, {})
+      continue
+    params = configs.load_experiment(
+        experiment, [os.path.join(CONFIG_DIR, f"{experiment}__demo.yaml"), *yaml_files],
+        ",".join([o.format(out=out) for o in overrides] + schedule(steps, learning_rate)))
+    _say(f"{name} warm start ({steps} steps) -> {model_dir}")
+    metrics = train_lib.run_experiment(params, model_dir, mode="train")
+    _say(f"{name} done: { {k: round(v, 4) for k, v in metrics.items()} }")
+    done[name] = (model_dir, metrics)
+  return done
 
 
 def intervals(every):
@@ -263,31 +332,10 @@ def main(argv):
        f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT blocks; "
        f"{len(reading)} reading worlds")
 
-  def warm_start(name, experiment, steps, learning_rate, overrides, yaml_files=()):
-    """Trains a warm-start stage into ``out/name``; returns (dir, last training logs)."""
-    model_dir = os.path.join(out, name)
-    params = configs.load_experiment(
-        experiment, [os.path.join(CONFIG_DIR, f"{experiment}__demo.yaml"), *yaml_files],
-        ",".join(overrides + schedule(steps, learning_rate)))
-    _say(f"{name} warm start ({steps} steps) -> {model_dir}")
-    metrics = train_lib.run_experiment(params, model_dir, mode="train")
-    _say(f"{name} done: { {k: round(v, 4) for k, v in metrics.items()} }")
-    return model_dir, metrics
-
-  n = vocab_size(vocab)
-  corpora = os.path.join(out, "reading_corpora.yaml")
-  with open(corpora, "w") as f:
-    json.dump({"task": {"train_data": {
-        "input_path": [os.path.join(d["pretrain"], "train-*") for d in reading],
-        "blocks_dir": [d["blocks"] for d in reading]}}}, f)   # JSON is YAML
-  reader_dir, reader_metrics = warm_start(
-      "reader_read", "reader_read_cpu", FLAGS.reading_steps, 1e-3,
-      [f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
-       f"task.model.retriever.encoder.vocab_size={n}"], [corpora])
-  ict_dir, ict_metrics = warm_start(
-      "ict", "ict_cpu", FLAGS.ict_steps, FLAGS.ict_learning_rate,
-      [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
-       f"task.train_data.input_path={os.path.join(dirs['ict'], 'train-*')}"])
+  warm = train_warm_starts(out, warm_start_stages(vocab, reading_corpora(out, reading),
+                                                   dirs["ict"]))
+  reader_dir, reader_metrics = warm["reader" if "reader" in warm else "reader_read"]
+  ict_dir, ict_metrics = warm["ict"]
 
   wanted = {"realm": True, "realm_stale": False} if FLAGS.stale_ablation else {"realm": True}
   trained = pretrain(wanted, vocab, dirs, ict_dir, reader_dir, out)

@@ -1,6 +1,6 @@
 r"""REALM vs ICT at CPU scale: one switch at a time, on the tables' world, with health curves.
 
-  python -m experiments.diagnose --output_dir=tables_out --variants=baseline,freeze_100
+  python -m experiments.diagnose --output_dir=tables_out --variants=recipe,before
   python -m experiments.diagnose --list           # the variants and what each changes
 
 Each variant is a set of config overrides (every switch is a config field) applied to the
@@ -25,54 +25,43 @@ from experiments import tables
 from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("variants", ["baseline"], "Which variants to run (see --list).")
+flags.DEFINE_list("variants", ["recipe"], "Which variants to run (see --list).")
 flags.DEFINE_integer("diagnose_seeds", 1, "Seeds per variant (0, 1, ...).")
 flags.DEFINE_bool("list", False, "Print the variants and exit.")
 flags.DEFINE_integer("parallel", 2, "Runs side by side (each with its refresher).")
 flags.DEFINE_bool("warm_only", False, "Only train the variants' warm starts.")
 
-# name -> (what it tests, overrides of the REALM run[, warm starts: {"bert"|"ict": (variant
-# warm start's name, its extra overrides)}]).
+# name -> (what it changes, overrides of the REALM run, warm starts replaced: {"bert"|"ict":
+# an existing warm start's name, or (a new one's name, the stage it varies, its overrides)}).
+_ICT_UNMASKED = ("ict_unmasked", "ict", ["task.train_data.query_mask_prob=0.0"])
 VARIANTS: Dict[str, tuple] = {
-    "baseline": ("the tables' recipe with the faithful defaults (BERT's warm-up and epsilon)",
-                 []),
-    "warmup_30": ("the earlier 30-step warm-up instead of BERT's formula",
-                  ["trainer.optimizer_config.warmup.linear.warmup_steps=30"]),
-    "dropout": ("the retriever's projection dropout 0.1 (ORQA's module) during REALM",
-                ["task.model.retriever.projection_dropout=0.1"]),
-    "lr_3e-5": ("the paper's learning rate", ["trainer.optimizer_config.learning_rate."
-                                              "polynomial.initial_learning_rate=3e-5"]),
-    "freeze_100": ("the retriever frozen for the first 100 steps (Atlas): the reader first "
-                   "learns to read ICT's candidates", ["task.retriever_freeze_steps=100"]),
-    "distractors_2": ("a reading warm start with 2 distractor blocks beside the answer block",
-                      [], {"bert": ("bert_distractors_2", ["task.distractors=2"])}),
-    "distractors_ft": ("the reading reader fine-tuned 1,500 steps (lr 3e-4) with 2 distractors",
-                       [], {"bert": ("bert_distractors_ft", [
-                           "task.distractors=2", "task.init_checkpoint={out}/bert",
-                           "trainer.train_steps=1500",
-                           "trainer.optimizer_config.learning_rate.polynomial.decay_steps=1500",
-                           "trainer.optimizer_config.learning_rate.polynomial."
-                           "initial_learning_rate=3e-4"])}),
+    "recipe": ("the CPU recipe (demo and tables): reader fine-tuned beside distractors, ICT "
+               "with masked queries, 16 candidates, BERT's warm-up", [], {}),
+    "before": ("the recipe before issue 22: the reading reader alone, ORQA's ICT, 8 "
+               "candidates, 30 warm-up steps",
+               ["task.model.num_candidates=8",
+                "trainer.optimizer_config.warmup.linear.warmup_steps=30"],
+               {"bert": "reader_read", "ict": _ICT_UNMASKED}),
+    "no_distractors": ("the reading reader without its fine-tuning beside distractors", [],
+                       {"bert": "reader_read"}),
+    "ict_unmasked": ("ORQA's ICT: no masked span in its queries", [], {"ict": _ICT_UNMASKED}),
+    "k8": ("the paper's 8 candidates (7 retrieved)", ["task.model.num_candidates=8"], {}),
+    "freeze_100": ("the retriever frozen for the first 100 steps (Atlas)",
+                   ["task.retriever_freeze_steps=100"], {}),
+    "warmup_30": ("a 30-step warm-up instead of BERT's formula",
+                  ["trainer.optimizer_config.warmup.linear.warmup_steps=30"], {}),
+    "dropout": ("ORQA's projection dropout 0.1 on the retriever during REALM",
+                ["task.model.retriever.projection_dropout=0.1"], {}),
+    "lr_3e-5": ("the paper's learning rate 3e-5",
+                ["trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate=3e-5"],
+                {}),
 }
-_DISTRACTORS_FT = VARIANTS["distractors_ft"][2]["bert"]
-VARIANTS.update({
-    "dft_ict_masked": ("distractors_ft, and ICT queries with a masked span half the time",
-                       [], {"bert": _DISTRACTORS_FT,
-                            "ict": ("ict_masked_50", ["task.train_data.query_mask_prob=0.5"])}),
-    "dft_ict_1600": ("distractors_ft, and ICT trained 4x longer (1,600 steps)",
-                     [], {"bert": _DISTRACTORS_FT,
-                          "ict": ("ict_1600", [
-                              "trainer.train_steps=1600",
-                              "trainer.optimizer_config.learning_rate.polynomial."
-                              "decay_steps=1600"])}),
-})
 
 
 def variant_warm(name: str, warm: Dict[str, str]) -> Dict[str, str]:
   """The warm starts of a variant: the tables' own, or the variant's replacements."""
-  replaced = VARIANTS[name][2] if len(VARIANTS[name]) > 2 else {}
-  return dict(warm, **{stage: warm[replacement] for stage, (replacement, _) in
-                       replaced.items()})
+  return dict(warm, **{stage: warm[r if isinstance(r, str) else r[0]]
+                       for stage, r in VARIANTS[name][2].items()})
 
 
 SHOWN = ("qa_recall@5", "recall@5", "retrieval_utility", "retrieval_entropy_ratio", "p_null",
@@ -123,9 +112,9 @@ def plot(out: str, runs: Dict[str, Dict[int, Dict[str, List]]]) -> str:
 def main(argv):
   del argv
   if FLAGS.list:
-    for name, (what, overrides, *warm) in VARIANTS.items():
+    for name, (what, overrides, warm) in VARIANTS.items():
       print(f"{name:16s} {what}\n{'':16s} {' '.join(overrides) or '(no override)'} "
-            f"{warm[0] if warm else ''}")
+            f"{warm or ''}")
     return
   unknown = [v for v in FLAGS.variants if v not in VARIANTS]
   if unknown:
@@ -136,11 +125,8 @@ def main(argv):
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
   data = tables.prepare(out)
-  extra_warm = {}
-  for name in FLAGS.variants:
-    for stage, (replacement, overrides) in (VARIANTS[name][2] if len(VARIANTS[name]) > 2
-                                            else {}).items():
-      extra_warm[replacement] = (stage, [o.format(out=out) for o in overrides])
+  extra_warm = {r[0]: r[1:] for name in FLAGS.variants for r in VARIANTS[name][2].values()
+                if not isinstance(r, str)}
   warm = tables.warm_starts(out, data, extra_warm)
   if FLAGS.warm_only:
     return

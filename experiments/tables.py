@@ -23,7 +23,8 @@ as the paper starts from one BERT and one ICT run; each seed then re-runs everyt
   current block tower) and a refresher re-embedding the corpus beside the fine-tuner.
 * **Table 3**: for held-out masked sentences, ``p(answer | x)`` from a reader given the null
   block only (the "BERT" row: the reading warm start; and REALM's own reader), given the block
-  that holds the answer, and marginalized over REALM's top 8; a few examples and the medians.
+  that holds the answer, and marginalized over REALM's candidates (the null block and its top
+  k - 1); a few examples and the medians.
 
 Every cell is the mean over seeds +- the 95% confidence half-width (Student t, n - 1 degrees of
 freedom). Written to ``--output_dir``: ``table{1,2,3}.md``, ``table{1,2,3}.csv``,
@@ -179,45 +180,21 @@ def prepare(out: str) -> Dict:
 # ---------------------------------------------------------------------------- warm starts --
 def warm_starts(out: str, data: Dict, variants: Optional[Dict[str, tuple]] = None
                 ) -> Dict[str, str]:
-  """The "BERT" reader (reading warm start) and the ICT retriever, trained once each.
+  """The "BERT" reader and the ICT retriever (``demo.warm_start_stages``), trained once each:
+  ``{"bert": the reader REALM and the baseline start from, "ict": ..., and the stages before
+  them}``.
 
-  ``variants``: more warm starts, ``{name: (stage, overrides)}`` (``stage`` "bert" or "ict"),
-  each trained into ``out/<name>`` with the stage's settings and the extra overrides.
-  Returns ``{name: model_dir}`` for both stages and every variant.
+  ``variants``: more warm starts, ``{name: (stage, overrides)}`` (``stage`` one of the
+  stages' names), each trained into ``out/<name>`` with the stage's settings and the extra
+  overrides.
   """
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  vocab = data["files"]["vocab"]
-  n = demo.vocab_size(vocab)
-  corpora = os.path.join(out, "reading_corpora.yaml")
-  with open(corpora, "w") as f:
-    json.dump({"task": {"train_data": {
-        "input_path": [os.path.join(d["pretrain"], "train-*") for d in data["reading"]],
-        "blocks_dir": [d["blocks"] for d in data["reading"]]}}}, f)
-  stages = {
-      "bert": ("reader_read_cpu", FLAGS.reading_steps, 1e-3, [corpora],
-               [f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
-                f"task.model.retriever.encoder.vocab_size={n}"]),
-      "ict": ("ict_cpu", FLAGS.ict_steps, FLAGS.ict_learning_rate, [],
-              [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
-               f"task.train_data.input_path={os.path.join(data['dirs']['ict'], 'train-*')}"]),
-  }
-  runs = {name: (name, []) for name in stages}
-  runs.update(variants or {})
-  dirs = {}
-  for name, (stage, extra) in runs.items():
+  stages = demo.warm_start_stages(data["files"]["vocab"], demo.reading_corpora(
+      out, data["reading"]), data["dirs"]["ict"])
+  for name, (stage, extra) in (variants or {}).items():
     experiment, steps, lr, yamls, overrides = stages[stage]
-    model_dir = os.path.join(out, name)
-    dirs[name] = model_dir
-    if model_dir_lib.training_done(model_dir):
-      say(f"{name}: already trained in {model_dir}")
-      continue
-    params = configs.load_experiment(
-        experiment, [os.path.join(demo.CONFIG_DIR, f"{experiment}__demo.yaml"), *yamls],
-        ",".join(overrides + demo.schedule(steps, lr) + list(extra)))
-    say(f"{name} warm start ({steps} steps) -> {model_dir}")
-    train_lib.run_experiment(params, model_dir, mode="train")
+    stages[name] = (experiment, steps, lr, yamls, list(overrides) + list(extra))
+  dirs = {name: model_dir for name, (model_dir, _) in demo.train_warm_starts(out, stages).items()}
+  dirs["bert"] = dirs["reader" if "reader" in dirs else "reader_read"]
   return dirs
 
 
@@ -393,7 +370,8 @@ def finetune(out: str, data: Dict, sources: Dict[str, str], seed: int,
 def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict]:
   """Per held-out masked sentence: ``p(y|x)`` of the span (the product over its masked tokens)
   from the "BERT" reader and from REALM's reader with the null block, REALM's reader given the
-  best-ranked block that holds the answer, and REALM's marginal over its top 8."""
+  best-ranked block that holds the answer, and REALM's marginal over its candidates (the null
+  block and its top k - 1)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
@@ -462,7 +440,7 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
 TABLE3_COLUMNS = (("bert_null", "BERT stand-in, null block"),
                   ("realm_null", "REALM reader, null block"),
                   ("realm_gold", "REALM reader, given the block with the answer"),
-                  ("realm_marginal", "REALM, marginalized over top 8"))
+                  ("realm_marginal", "REALM, marginalized over its candidates"))
 
 
 # ------------------------------------------------------------------------------- output --

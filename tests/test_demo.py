@@ -73,8 +73,8 @@ def test_demo_runs_every_stage(tmp_path):
   out = tmp_path / "demo"
   proc = helpers.run_process(
       "experiments.demo", f"--output_dir={out}",
-      "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4", "--ict_steps=4",
-      "--realm_steps=6", "--refresh_every=3", "--openqa_steps=3", timeout=900)
+      "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4", "--distractor_steps=3",
+      "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--openqa_steps=3", timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   rows = results["rows"]
@@ -86,7 +86,7 @@ def test_demo_runs_every_stage(tmp_path):
   # The refreshed run rebuilt its index from newer checkpoints; the stale one built it once.
   assert refreshed["indexes_built"] >= 2 and stale["indexes_built"] == 1
   assert all(0 <= r["recall@5"] <= 1 and r["examples"] > 0 for r in rows.values())
-  assert "reading_gain" in results["reader_read"]
+  assert {"reading_gain", "distractor_gain"} <= set(results["reader_read"])   # + distractors
   # Open-QA: both fine-tuning runs, evaluated on the test questions before and after.
   qa = results["openqa"]
   assert list(qa) == ["ORQA baseline (ICT + reading reader)", "REALM (refreshed run)"]

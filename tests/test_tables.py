@@ -87,8 +87,9 @@ def _smallest_run(out, table, seeds):
   proc = helpers.run_process(
       "experiments.tables", f"--output_dir={out}", f"--table={table}",
       f"--seeds={seeds}", "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4",
-      "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--validation_every=3",
-      "--openqa_steps=3", "--qa_test_fraction=0.3", "--eval_fraction=0.3", timeout=1800)
+      "--distractor_steps=3", "--ict_steps=4", "--realm_steps=6", "--refresh_every=3",
+      "--validation_every=3", "--openqa_steps=3", "--qa_test_fraction=0.3",
+      "--eval_fraction=0.3", timeout=1800)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads((out / "runs.json").read_text())["seeds"]
 
