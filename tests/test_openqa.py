@@ -33,6 +33,8 @@ from realm_tf.retrieval import testing
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
+import helpers
+
 BERT_VOCAB = str(assets.BERT_VOCAB)
 
 # The tiny corpus of the unit tests. Block 3 has the answer only in lower case, block 5 more
@@ -590,15 +592,10 @@ def trained(openqa_world, tmp_path_factory):
               tiny_trainer=openqa_world["tiny_trainer"], vocab=files["vocab"])
 
 
-def _read_qa(path):
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def test_end_to_end_train_eval_and_answer(trained):
   t = trained
   metrics, model_dir = t["metrics"], t["model_dir"]
-  dev = _read_qa(t["files"]["qa_dev"])
+  dev = helpers.read_jsonl(t["files"]["qa_dev"])
   assert 3 < len(dev) < 10   # more than one validation batch, the last one partial
   for key in ("validation/official_exact_match", "validation/top_5_match",
               "validation/exact_match", "validation/reader_oracle", "training_loss"):
@@ -644,7 +641,8 @@ def test_end_to_end_train_eval_and_answer(trained):
   qa = realm_tf.OpenQA.load(model_dir, t["index_dir"])
   assert qa.checkpoint.startswith(os.path.join(model_dir, "best_ckpt"))
   fields = manifests.read_blocks(t["blocks_dir"])   # sorted by block_id
-  asked = [d["question"] for d in _read_qa(t["files"]["qa_test"])][:4] + ["who is Zanzibar?"]
+  asked = ([d["question"] for d in helpers.read_jsonl(t["files"]["qa_test"])][:4]
+           + ["who is Zanzibar?"])
   answers = qa.answer(asked, batch_size=2)
   assert [a.question for a in answers] == asked
   for a in answers:

@@ -51,13 +51,6 @@ def _make_index(model_dir: str, blocks_dir: str, index_dir: str) -> None:
   refresher.build_index_for_checkpoint(None, model_dir, blocks_dir, index_dir, options=options)
 
 
-def _write_lines(path, rows):
-  with open(path, "w", encoding="utf-8") as f:
-    for row in rows:
-      f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-  return str(path)
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
   root = tmp_path_factory.mktemp("openqa_cli")
@@ -81,7 +74,7 @@ def world(tmp_path_factory):
   _make_index(model, blocks, index)
   # The world's test questions and one malformed line (skipped, counted).
   test_lines = open(files["qa_test"], encoding="utf-8").read().splitlines()
-  qa_file = _write_lines(root / "qa-test.jsonl", test_lines + ['{"question": "no answers"}'])
+  qa_file = helpers.write_lines(root / "qa-test.jsonl", test_lines + ['{"question": "no answers"}'])
   return dict(root=root, vocab=vocab, blocks=blocks, model=model, index=index, qa=qa_file,
               questions=len(test_lines), titles=titles, bodies=bodies)
 
@@ -162,14 +155,14 @@ def test_eval_scores_its_predictions_file(world, world_eval):
 
 
 def test_score_hand_written_predictions(tmp_path):
-  references = _write_lines(tmp_path / "refs.jsonl", [
+  references = helpers.write_lines(tmp_path / "refs.jsonl", [
       {"question": "who wrote hamlet", "answers": ["William Shakespeare", "Shakespeare"]},
       {"question": "capital of france", "answer": ["Paris"]},
       {"question": "when", "answers": ["19[0-9]{2}"], "answer_type": "regex"},
       {"question": "tallest mountain", "answers": ["Everest"]},
       {"question": "largest ocean", "answers": ["Pacific"]},     # no prediction: wrong
   ])
-  predictions = _write_lines(tmp_path / "pred.jsonl", [
+  predictions = helpers.write_lines(tmp_path / "pred.jsonl", [
       {"question": "who wrote hamlet", "prediction": "the  shakespeare."},  # normalized: right
       {"question": "capital of france", "prediction": "Lyon"},
       {"question": "when", "prediction": "1969, in July"},              # re.match: right

@@ -6,7 +6,6 @@ out again (case-sensitive substring of the block body; ``re.search`` ignoring ca
 answers).
 """
 
-import json
 import os
 import re
 
@@ -32,17 +31,6 @@ def world(realm_world, tmp_path_factory):
   questions); this module's files go to a directory of its own."""
   return dict(realm_world, root=tmp_path_factory.mktemp("qa_recall"),
               qa_test=realm_world["files"]["qa_test"])
-
-
-def _records(path):
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def _write(path, records):
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in records))
-  return path
 
 
 def _params(w, **extra):
@@ -118,12 +106,12 @@ def _numpy_top(model, w, questions):
 def test_qa_recall_in_eval_logs_matches_numpy(world):
   """``--mode=eval``: ``qa_recall@5`` and ``qa_questions`` in the returned logs and in the
   validation summaries, equal to the brute-force fraction."""
-  records = _records(world["qa_test"])
+  records = helpers.read_jsonl(world["qa_test"])
   # Each question again with its answers lower-cased (the test is case-sensitive), and one
   # whose answer is in no block.
   records += [dict(r, answers=[a.lower() for a in r["answers"]]) for r in records]
   records.append(dict(question=records[0]["question"], answers=["Zzqx no such answer"]))
-  qa_path = _write(str(world["root"] / "qa-text.jsonl"), records)
+  qa_path = helpers.write_lines(str(world["root"] / "qa-text.jsonl"), records)
   init = str(world["root"] / "towers_text" / "ckpt")
   params = _params(world, **{"task.qa_eval_path": qa_path,
                              "task.retriever_init_checkpoint": init})
@@ -153,14 +141,14 @@ def test_qa_recall_in_eval_logs_matches_numpy(world):
 def test_qa_recall_regex_answers_and_off_by_default(world):
   """``qa_answer_type=regex`` (CuratedTrec): ``re.search`` ignoring case; recall_at names
   the metric; without ``qa_eval_path`` no QA numbers are reported."""
-  records = _records(world["qa_test"])
+  records = helpers.read_jsonl(world["qa_test"])
   # Lower-cased literal patterns match ignoring case; "." stands for any first character.
   records = [dict(question=r["question"], answers=[re.escape(a.lower()) for a in r["answers"]])
              for r in records]
   records += [dict(question=r["question"], answers=["." + r["answers"][0][2:]])
               for r in records[:6]]
   records.append(dict(question=records[0]["question"], answers=["("]))   # never compiles
-  qa_path = _write(str(world["root"] / "qa-regex.jsonl"), records)
+  qa_path = helpers.write_lines(str(world["root"] / "qa-regex.jsonl"), records)
   params = _params(world, **{"task.qa_eval_path": qa_path, "task.qa_answer_type": "regex",
                              "task.recall_at": TOP})
   task = realm_pretrain.RealmPretrainTask(params.task)
