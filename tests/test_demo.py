@@ -1,17 +1,80 @@
-"""``realm-demo`` end to end at the smallest size: every stage runs and the table is written."""
+"""``realm-demo``: its data and its stages' experiments; end to end at the smallest size (slow).
+
+The end-to-end run is in the slow tier. Its fast sibling checks the demo's own pieces on the
+data ``demo.prepare_data`` makes at the same world scale; the stages it trains (the warm
+starts, REALM beside its refresher, the stale ablation, Open-QA fine-tuning and evaluation) run
+at smaller sizes in test_realm_training and test_openqa.
+"""
 
 import json
-import subprocess
-import sys
+import os
+
+import pytest
+
+from experiments import demo
+from realm_tf import configs
+from realm_tf.data import manifests
+from realm_tf.tasks import openqa as openqa_task
+from realm_tf.tasks import realm_pretrain
+
+import helpers
 
 
+def _manifest(directory):
+  with open(os.path.join(directory, "manifest.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_demo_data_and_stage_experiments(demo_world, tmp_path):
+  """test_demo_runs_every_stage's fast sibling: the demo's data (its world, the held-out
+  sentences, ICT pairs and a reading world in the same vocabulary) and its REALM and Open-QA
+  experiments (the __demo.yaml files with the overrides the demo builds) fit that data."""
+  files, prepared = demo_world["files"], demo_world["prepared"]
+  dirs, vocab = prepared["dirs"], files["vocab"]
+  blocks = manifests.load_blocks_manifest(dirs["blocks"])
+  assert blocks["num_blocks"] >= len(demo_world["world"].articles) > 0
+  assert blocks["block_seq_length"] == 32
+  pretrain = prepared["pretrain"]
+  assert pretrain["examples_per_sentence"] == 2 and pretrain["query_seq_length"] == 32
+  assert pretrain["num_train"] > 0 and pretrain["num_eval"] > 0 and prepared["ict"]["num_train"]
+  for name in ("sentences", "pretrain", "ict"):
+    assert prepared[name]["blocks_fingerprint"] == blocks["fingerprint"], name
+  [reading] = demo_world["reading"]
+  reading_blocks = manifests.load_blocks_manifest(reading["blocks"])
+  assert reading_blocks["vocab_sha1"] == blocks["vocab_sha1"]
+  assert reading_blocks["fingerprint"] != blocks["fingerprint"]
+  assert _manifest(reading["pretrain"])["num_train"] > 0
+
+  out = str(tmp_path)
+  realm = configs.load_experiment(
+      "realm_pretrain_cpu", [os.path.join(demo.CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
+      demo.realm_overrides(vocab, dirs, os.path.join(out, "realm_index"), 6, True,
+                           os.path.join(out, "ict"), os.path.join(out, "reader_read")))
+  model = realm.task.model
+  assert model.retriever.query_seq_length == pretrain["query_seq_length"]
+  assert model.retriever.block_seq_length == blocks["block_seq_length"]
+  assert realm.task.train_data.blocks_dir == dirs["blocks"]
+  task = realm_pretrain.RealmPretrainTask(realm.task)
+  assert task.model_dir_config()[0].reader.encoder.vocab_size == demo.vocab_size(vocab)
+  assert task.build_model().checkpoint_items
+
+  qa = configs.load_experiment(
+      "openqa_cpu", [os.path.join(demo.CONFIG_DIR, "openqa_cpu__demo.yaml")],
+      demo.openqa_overrides(vocab, os.path.join(out, "openqa_index"), files["qa_train"],
+                            files["qa_dev"], os.path.join(out, "realm"),
+                            os.path.join(out, "realm")))
+  assert qa.task.train_data.input_path == files["qa_train"]
+  assert qa.task.validation_data.input_path == files["qa_dev"]
+  assert openqa_task.OpenQaTask(qa.task).build_model().reader.span_scorer is not None
+
+
+@pytest.mark.slow
 def test_demo_runs_every_stage(tmp_path):
   out = tmp_path / "demo"
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.demo", f"--output_dir={out}",
-       "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4", "--distractor_steps=3",
-       "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--openqa_steps=3"],
-      capture_output=True, text=True, timeout=900, check=False)
+  proc = helpers.run_process(
+      "experiments.demo", f"--output_dir={out}",
+      "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4", "--distractor_steps=3",
+      "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--openqa_steps=3", timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   rows = results["rows"]

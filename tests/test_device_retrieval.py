@@ -19,19 +19,9 @@ from realm_tf.retrieval import testing
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
+from helpers import ExactHandle
+
 COMPARED = realm_pretrain.DEVICE_FEATURES
-
-
-class ExactHandle:
-  """Exact search over fixed embeddings (stands in for IndexHandle)."""
-
-  def __init__(self, emb, step):
-    self.emb, self.step = emb, step
-
-  def search(self, q, k):
-    scores = q @ self.emb.T
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return order, np.take_along_axis(scores, order, 1)
 
 
 def random_examples(rng, b, lq, num_masks, vocab_size, source_rows, cls_id, sep_id, mask_id):

@@ -14,7 +14,7 @@ from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.retrieval import candidates
 from realm_tf.tasks import realm_pretrain
 
-from test_realm_pretrain import CLS, SEP, LB, FakeHandle, make_blocks, make_examples, tiny_config
+from helpers import CLS, LB, SEP, ExactHandle, make_blocks, make_examples, tiny_config
 
 
 def numpy_signals(logits, token_lp, weights, q, c, rows, holds):
@@ -78,7 +78,7 @@ def _builder(model, config, blocks):
   emb = model.block_embedder(dict(
       zip(["input_word_ids", "input_mask", "input_type_ids"],
           candidates.pack_blocks(blocks, LB, CLS, SEP)[:3]))).numpy()[:-1]
-  builder = candidates.CandidateBuilder(blocks, config, FakeHandle(emb), CLS, SEP)
+  builder = candidates.CandidateBuilder(blocks, config, ExactHandle(emb), CLS, SEP)
   builder._query_embedder = lambda: (lambda x: model.query_embedder(x))  # pylint: disable=protected-access
   return builder
 

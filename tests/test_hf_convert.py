@@ -9,10 +9,7 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import unittest
 
 import numpy as np
 import tensorflow as tf
@@ -20,7 +17,6 @@ from safetensors import numpy as safetensors_numpy
 
 from experiments import assets
 import realm_tf
-import test_checkpoint_convert as tf1_helpers  # The TF1 writers of the converter's tests.
 from realm_tf import checkpoint_convert
 from realm_tf import configs
 from realm_tf import model_dir
@@ -28,12 +24,8 @@ from realm_tf import modeling
 from realm_tf.modeling import encoders
 from realm_tf.tokenization import RealmTokenizer
 
-try:
-  from scipy.special import erf  # pylint: disable=g-import-not-at-top
-except ImportError:
-  erf = np.vectorize(math.erf, otypes=[np.float64])
+import helpers
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = str(assets.BERT_VOCAB)
 
 # Real (question, passage) pairs: [CLS] q [SEP] passage [SEP], segment 1 from the passage on,
@@ -48,28 +40,11 @@ PASSAGES = ["The American Football Conference (AFC) champion Denver Broncos defe
             "Paris is the capital of France."]
 SEQ_LENGTH = 40
 TOLERANCE = 1e-4
-
 # The tiny fake checkpoints of the bad-input tests.
-HIDDEN, HEADS, LAYERS, INTER, POSITIONS = 16, 2, 2, 32, 64
-WORDS = ["the", "a", "city", "river", "born", "in", "was", "who", "of", "paris", "france",
-         "where", "is", "?", ".", "capital"]
+HIDDEN, LAYERS, INTER = helpers.HF_HIDDEN, helpers.HF_LAYERS, helpers.HF_INTER
 
 
 # ---- An independent NumPy BERT in Hugging Face's names, in float64. ----
-def gelu_erf(x):
-  return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
-
-
-def gelu_tanh(x):
-  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def np_layer_norm(x, weight, bias, eps):
-  mu = x.mean(-1, keepdims=True)
-  var = ((x - mu) ** 2).mean(-1, keepdims=True)
-  return (x - mu) / np.sqrt(var + eps) * weight + bias
-
-
 def np_hf_bert(t, config, ids, mask, types, act, prefix=""):
   """(sequence_output, pooled_output) of a Hugging Face ``BertModel`` held in ``t``."""
   def get(name):
@@ -79,7 +54,8 @@ def np_hf_bert(t, config, ids, mask, types, act, prefix=""):
     return x @ get(name + ".weight").T + get(name + ".bias")
 
   def norm(x, name):
-    return np_layer_norm(x, get(name + ".weight"), get(name + ".bias"), config["layer_norm_eps"])
+    return helpers.layer_norm(x, get(name + ".weight"), get(name + ".bias"),
+                              config["layer_norm_eps"])
 
   batch, length = ids.shape
   heads = config["num_attention_heads"]
@@ -111,82 +87,6 @@ def numpy_inputs(inputs):
   return {k: v.numpy() for k, v in inputs.items()}
 
 
-# ---- Tiny fake Hugging Face directories. ----
-def write_vocab(path):
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-  with open(path, "w") as f:
-    f.write("\n".join(vocab) + "\n")
-  return len(vocab)
-
-
-def tiny_config(vocab_size, **overrides):
-  config = dict(model_type="bert", vocab_size=vocab_size, hidden_size=HIDDEN,
-                num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=INTER,
-                hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                max_position_embeddings=POSITIONS, type_vocab_size=2, initializer_range=0.02,
-                layer_norm_eps=1e-12, position_embedding_type="absolute")
-  config.update(overrides)
-  return config
-
-
-def tiny_tensors(rng, vocab_size, prefix="", mlm=False):
-  """A random ``BertModel`` (``prefix`` "bert." and ``mlm``: ``BertForPreTraining``)."""
-  t = {}
-  def put(name, *shape, scale=0.3, offset=0.0):
-    t[name] = (offset + rng.standard_normal(shape) * scale).astype(np.float32)
-
-  def put_norm(name):
-    put(name + ".weight", HIDDEN, scale=0.1, offset=1.0)
-    put(name + ".bias", HIDDEN, scale=0.1)
-
-  b = prefix
-  put(b + "embeddings.word_embeddings.weight", vocab_size, HIDDEN)
-  put(b + "embeddings.position_embeddings.weight", POSITIONS, HIDDEN)
-  put(b + "embeddings.token_type_embeddings.weight", 2, HIDDEN)
-  put_norm(b + "embeddings.LayerNorm")
-  t[b + "embeddings.position_ids"] = np.arange(POSITIONS, dtype=np.int64)[None]
-  for i in range(LAYERS):
-    p = f"{b}encoder.layer.{i}."
-    for m in ("query", "key", "value"):
-      put(p + f"attention.self.{m}.weight", HIDDEN, HIDDEN)
-      put(p + f"attention.self.{m}.bias", HIDDEN)
-    put(p + "attention.output.dense.weight", HIDDEN, HIDDEN)
-    put(p + "attention.output.dense.bias", HIDDEN)
-    put_norm(p + "attention.output.LayerNorm")
-    put(p + "intermediate.dense.weight", INTER, HIDDEN)
-    put(p + "intermediate.dense.bias", INTER)
-    put(p + "output.dense.weight", HIDDEN, INTER)
-    put(p + "output.dense.bias", HIDDEN)
-    put_norm(p + "output.LayerNorm")
-  put(b + "pooler.dense.weight", HIDDEN, HIDDEN)
-  put(b + "pooler.dense.bias", HIDDEN)
-  if mlm:
-    put("cls.predictions.transform.dense.weight", HIDDEN, HIDDEN)
-    put("cls.predictions.transform.dense.bias", HIDDEN)
-    put_norm("cls.predictions.transform.LayerNorm")
-    put("cls.predictions.bias", vocab_size)
-    t["cls.predictions.decoder.weight"] = t[b + "embeddings.word_embeddings.weight"].copy()
-    t["cls.predictions.decoder.bias"] = t["cls.predictions.bias"].copy()
-    put("cls.seq_relationship.weight", 2, HIDDEN)
-    put("cls.seq_relationship.bias", 2)
-  return t
-
-
-def write_hf_dir(path, config, tensors):
-  os.makedirs(path, exist_ok=True)
-  if config is not None:
-    with open(os.path.join(path, "config.json"), "w") as f:
-      json.dump(config, f)
-  safetensors_numpy.save_file(tensors, os.path.join(path, "model.safetensors"))
-  return path
-
-
-def run_cli(*args):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "realm_tf.binaries.convert", *args],
-                        capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
-
-
 class MiniLmConvertTest(tf.test.TestCase):
   """all-MiniLM-L6-v2 converted once; both towers against the NumPy BERT."""
 
@@ -204,8 +104,8 @@ class MiniLmConvertTest(tf.test.TestCase):
     cls.inputs = cls.tokenizer.reader_inputs(QUESTIONS, PASSAGES, SEQ_LENGTH)
     x = numpy_inputs(cls.inputs)
     args = (x["input_word_ids"], x["input_mask"], x["input_type_ids"])
-    cls.want_erf = np_hf_bert(cls.tensors, cls.hf_config, *args, act=gelu_erf)
-    cls.want_tanh = np_hf_bert(cls.tensors, cls.hf_config, *args, act=gelu_tanh)
+    cls.want_erf = np_hf_bert(cls.tensors, cls.hf_config, *args, act=helpers.gelu_erf)
+    cls.want_tanh = np_hf_bert(cls.tensors, cls.hf_config, *args, act=helpers.gelu)
 
   @classmethod
   def tearDownClass(cls):
@@ -273,19 +173,19 @@ class GeluTest(tf.test.TestCase):
 
   def test_activation_names(self):
     x = np.linspace(-4, 4, 81)
-    self.assertAllClose(encoders.get_activation("gelu")(tf.constant(x)), gelu_tanh(x),
+    self.assertAllClose(encoders.get_activation("gelu")(tf.constant(x)), helpers.gelu(x),
                         atol=1e-12)
-    self.assertAllClose(encoders.get_activation("gelu_exact")(tf.constant(x)), gelu_erf(x),
+    self.assertAllClose(encoders.get_activation("gelu_exact")(tf.constant(x)), helpers.gelu_erf(x),
                         atol=1e-12)
-    self.assertGreater(np.max(np.abs(gelu_erf(x) - gelu_tanh(x))), 1e-4)
+    self.assertGreater(np.max(np.abs(helpers.gelu_erf(x) - helpers.gelu(x))), 1e-4)
     # TF1 BERT configs keep the tanh form; HF's "gelu" is the exact one.
-    bert = tiny_config(30)
+    bert = helpers.hf_config(30)
     self.assertEqual(checkpoint_convert.encoder_config_from_bert_json(bert).hidden_activation,
                      "gelu")
     self.assertEqual(checkpoint_convert.encoder_config_from_hf_json(bert).hidden_activation,
                      "gelu_exact")
     for hf, ours in (("gelu_new", "gelu"), ("gelu_pytorch_tanh", "gelu"), ("relu", "relu")):
-      config = checkpoint_convert.encoder_config_from_hf_json(tiny_config(30, hidden_act=hf))
+      config = checkpoint_convert.encoder_config_from_hf_json(helpers.hf_config(30, hidden_act=hf))
       self.assertEqual(config.hidden_activation, ours)
 
   def test_exact_gelu_survives_get_config(self):
@@ -304,19 +204,19 @@ class GeluTest(tf.test.TestCase):
   def test_tf1_conversion_keeps_the_tanh_gelu(self):
     tmp = self.get_temp_dir()
     vocab_file = os.path.join(tmp, "vocab.txt")
-    vocab_size = tf1_helpers.write_vocab(vocab_file)
+    vocab_size = helpers.write_tf1_vocab(vocab_file)
     config_file = os.path.join(tmp, "bert_config.json")
     with open(config_file, "w") as f:
-      json.dump(tf1_helpers.bert_config(vocab_size), f)
+      json.dump(helpers.bert_config(vocab_size), f)
     rng = np.random.default_rng(3)
-    w = tf1_helpers.random_bert(rng, "bert/", vocab_size)
-    hidden = tf1_helpers.HIDDEN
+    w = helpers.random_bert(rng, "bert/", vocab_size)
+    hidden = helpers.TF1_HIDDEN
     for name, shape in (("transform/dense/kernel", [hidden, hidden]),
                         ("transform/dense/bias", [hidden]),
                         ("transform/LayerNorm/gamma", [hidden]),
                         ("transform/LayerNorm/beta", [hidden]), ("output_bias", [vocab_size])):
       w["cls/predictions/" + name] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-    ckpt = tf1_helpers.write_tf1_checkpoint(w, os.path.join(tmp, "tf1", "bert"))
+    ckpt = helpers.write_tf1_checkpoint(w, os.path.join(tmp, "tf1", "bert"))
     out = os.path.join(tmp, "converted")
     checkpoint_convert.convert([ckpt], config_file, vocab_file, out)
     config = model_dir.load_config(out)
@@ -324,10 +224,10 @@ class GeluTest(tf.test.TestCase):
     embedder = realm_tf.Embedder.load(out)
     inputs = embedder.tokenizer.reader_inputs(["who was born in paris ?"], ["the city ."], 12)
     x = numpy_inputs(inputs)
-    want, _ = tf1_helpers.np_bert(w, "bert/", x["input_word_ids"],
+    want, _ = helpers.np_bert(w, "bert/", x["input_word_ids"],
                                   x["input_mask"].astype(np.float32), x["input_type_ids"])
     got = embedder.query_embedder.encoder(inputs, training=False)["sequence_output"]
-    self.assertLess(tf1_helpers.rel_err(got.numpy(), want), TOLERANCE)
+    self.assertLess(helpers.rel_err(got.numpy(), want), TOLERANCE)
 
 
 class TinyHfTest(tf.test.TestCase):
@@ -337,16 +237,17 @@ class TinyHfTest(tf.test.TestCase):
     super().setUp()
     self.dir = self.get_temp_dir()
     self.vocab_file = os.path.join(self.dir, "vocab.txt")
-    self.vocab_size = write_vocab(self.vocab_file)
+    self.vocab_size = helpers.write_hf_vocab(self.vocab_file)
     self.rng = np.random.default_rng(0)
 
   def write(self, name, config=None, tensors=None, prefix="", mlm=False):
-    config = tiny_config(self.vocab_size) if config is None else config
-    tensors = tiny_tensors(self.rng, self.vocab_size, prefix, mlm) if tensors is None else tensors
-    return write_hf_dir(os.path.join(self.dir, name), config, tensors)
+    config = helpers.hf_config(self.vocab_size) if config is None else config
+    if tensors is None:
+      tensors = helpers.hf_tensors(self.rng, self.vocab_size, prefix, mlm)
+    return helpers.write_hf_dir(os.path.join(self.dir, name), config, tensors)
 
   def test_prefixed_reader_with_mlm_head_matches_numpy(self):
-    t = tiny_tensors(self.rng, self.vocab_size, prefix="bert.", mlm=True)
+    t = helpers.hf_tensors(self.rng, self.vocab_size, prefix="bert.", mlm=True)
     t["classifier.weight"] = np.zeros([3, HIDDEN], np.float32)
     hf_dir = self.write("pretraining", tensors=t)
     out = os.path.join(self.dir, "out")
@@ -366,15 +267,15 @@ class TinyHfTest(tf.test.TestCase):
     positions = np.array([[1, 2, 9], [0, 3, 5]], np.int32)
     got = reader(dict(inputs, masked_lm_positions=positions), training=False)
     x = numpy_inputs(inputs)
-    hf_config = tiny_config(self.vocab_size)
+    hf_config = helpers.hf_config(self.vocab_size)
     seq, pooled = np_hf_bert(t, hf_config, x["input_word_ids"], x["input_mask"],
-                             x["input_type_ids"], gelu_erf, prefix="bert.")
+                             x["input_type_ids"], helpers.gelu_erf, prefix="bert.")
     self.assertLess(max_diff(got["sequence_output"], seq), TOLERANCE)
     self.assertLess(max_diff(reader.encoder(inputs)["pooled_output"], pooled), TOLERANCE)
     h = np.take_along_axis(seq, positions[..., None], axis=1)
-    h = gelu_erf(h @ t["cls.predictions.transform.dense.weight"].T
+    h = helpers.gelu_erf(h @ t["cls.predictions.transform.dense.weight"].T
                  + t["cls.predictions.transform.dense.bias"])
-    h = np_layer_norm(h, t["cls.predictions.transform.LayerNorm.weight"],
+    h = helpers.layer_norm(h, t["cls.predictions.transform.LayerNorm.weight"],
                       t["cls.predictions.transform.LayerNorm.bias"], 1e-12)
     logits = h @ t["bert.embeddings.word_embeddings.weight"].T + t["cls.predictions.bias"]
     self.assertLess(max_diff(got["mlm_logits"], logits), TOLERANCE * np.max(np.abs(logits)))
@@ -386,41 +287,43 @@ class TinyHfTest(tf.test.TestCase):
     self.assertNotIn("\n", str(caught.exception))
 
   def test_bad_inputs_name_the_file_or_tensor(self):
-    no_config = write_hf_dir(os.path.join(self.dir, "no_config"), None,
-                             tiny_tensors(self.rng, self.vocab_size))
+    no_config = helpers.write_hf_dir(os.path.join(self.dir, "no_config"), None,
+                                     helpers.hf_tensors(self.rng, self.vocab_size))
     self.assert_one_line_error(no_config, "no_config: no config.json")
     self.assert_one_line_error(os.path.join(self.dir, "nowhere"), "directory not found")
 
-    t = tiny_tensors(self.rng, self.vocab_size)
+    t = helpers.hf_tensors(self.rng, self.vocab_size)
     t["encoder.layer.1.intermediate.dense.weight"] = np.zeros([INTER + 1, HIDDEN], np.float32)
     self.assert_one_line_error(
         self.write("wrong_shape", tensors=t),
         r"wrong_shape/model.safetensors: tensor encoder.layer.1.intermediate.dense.weight has "
         rf"shape \[{INTER + 1}, {HIDDEN}\] but .* expects \[{INTER}, {HIDDEN}\]")
 
-    t = tiny_tensors(self.rng, self.vocab_size, prefix="bert.")
+    t = helpers.hf_tensors(self.rng, self.vocab_size, prefix="bert.")
     del t["bert.encoder.layer.0.output.LayerNorm.bias"]
     self.assert_one_line_error(self.write("missing", tensors=t),
                                "missing tensor bert.encoder.layer.0.output.LayerNorm.bias")
 
-    t = tiny_tensors(self.rng, self.vocab_size)
+    t = helpers.hf_tensors(self.rng, self.vocab_size)
     t[f"encoder.layer.{LAYERS}.output.dense.bias"] = np.zeros([HIDDEN], np.float32)
     self.assert_one_line_error(self.write("extra_layer", tensors=t),
                                f"tensor encoder.layer.{LAYERS}.output.dense.bias .* no place")
 
-    t = tiny_tensors(self.rng, self.vocab_size, mlm=True)
+    t = helpers.hf_tensors(self.rng, self.vocab_size, mlm=True)
     del t["cls.predictions.transform.LayerNorm.weight"]
     self.assert_one_line_error(self.write("half_mlm", tensors=t),
                                "missing tensor cls.predictions.transform.LayerNorm.weight")
 
     self.assert_one_line_error(
-        self.write("quick_gelu", config=tiny_config(self.vocab_size, hidden_act="quick_gelu")),
+        self.write("quick_gelu",
+                   config=helpers.hf_config(self.vocab_size, hidden_act="quick_gelu")),
         "config.json: hidden_act 'quick_gelu' is not supported")
     self.assert_one_line_error(
-        self.write("vocab", config=tiny_config(self.vocab_size + 1)),
+        self.write("vocab", config=helpers.hf_config(self.vocab_size + 1)),
         f"has {self.vocab_size} tokens but .*config.json has vocab_size {self.vocab_size + 1}")
-    self.assert_one_line_error(write_hf_dir(os.path.join(self.dir, "other"), tiny_config(
-        self.vocab_size), {"weight": np.zeros([2], np.float32)}), "no BERT tensors")
+    self.assert_one_line_error(helpers.write_hf_dir(
+        os.path.join(self.dir, "other"), helpers.hf_config(self.vocab_size),
+        {"weight": np.zeros([2], np.float32)}), "no BERT tensors")
 
     with self.assertRaisesRegex(checkpoint_convert.ConversionError, r"targets \['ranker'\]"):
       checkpoint_convert.convert_hf(self.write("targets"), os.path.join(self.dir, "out"),
@@ -429,7 +332,7 @@ class TinyHfTest(tf.test.TestCase):
     no_weights = os.path.join(self.dir, "no_weights")
     os.makedirs(no_weights)
     with open(os.path.join(no_weights, "config.json"), "w") as f:
-      json.dump(tiny_config(self.vocab_size), f)
+      json.dump(helpers.hf_config(self.vocab_size), f)
     self.assert_one_line_error(no_weights, "no_weights: no model.safetensors")
     with open(os.path.join(no_weights, "model.safetensors"), "wb") as f:
       f.write(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
@@ -438,8 +341,10 @@ class TinyHfTest(tf.test.TestCase):
   def test_cli(self):
     hf_dir = self.write("good", prefix="bert.", mlm=True)
     out = os.path.join(self.dir, "cli_out")
-    proc = run_cli(f"--hf_dir={hf_dir}", f"--vocab_file={self.vocab_file}",
-                   f"--output_dir={out}", "--hf_targets=retriever")
+    # realm-convert's smoke test as a process of its own (its other runs are in this process).
+    proc = helpers.run_process("realm_tf.binaries.convert", f"--hf_dir={hf_dir}",
+                               f"--vocab_file={self.vocab_file}", f"--output_dir={out}",
+                               "--hf_targets=retriever")
     self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
     self.assertIn("wrote", proc.stdout)
     table = safetensors_numpy.load_file(os.path.join(hf_dir, "model.safetensors"))[
@@ -451,7 +356,8 @@ class TinyHfTest(tf.test.TestCase):
     for args, message in (
         ([f"--hf_dir={bad}"], "no config.json"),
         ([f"--hf_dir={hf_dir}", "--tf1_checkpoint=x"], "tf1_checkpoint")):
-      proc = run_cli(*args, f"--vocab_file={self.vocab_file}", f"--output_dir={out}2")
+      proc = helpers.run_cli("realm_tf.binaries.convert", *args,
+                             f"--vocab_file={self.vocab_file}", f"--output_dir={out}2")
       self.assertEqual(proc.returncode, 2, proc.stderr[-2000:])
       self.assertIn(message, proc.stderr)
       self.assertNotIn("Traceback", proc.stderr)

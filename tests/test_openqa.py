@@ -17,8 +17,6 @@ import tf_keras
 
 from experiments import assets
 import realm_tf
-from data_prep import blocks as blocks_pipeline
-from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -34,6 +32,8 @@ from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer, load_vocab
+
+import helpers
 
 BERT_VOCAB = str(assets.BERT_VOCAB)
 
@@ -543,24 +543,12 @@ def test_mirrored_strategy_matches_one_device(tiny):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A synthetic world, a random-init REALM model and its brute-force index, then a few
-  steps of ``openqa_cpu`` (train_and_eval) from it."""
+def trained(openqa_world, tmp_path_factory):
+  """conftest's Open-QA world (its random-init REALM model) and a brute-force index of its
+  block tower, then a few steps of ``openqa_cpu`` (train_and_eval) from it."""
   root = tmp_path_factory.mktemp("openqa_e2e")
-  world = synthetic_world.generate_world(seed=1, num_regions=1, num_cities=3, num_people=5,
-                                         num_organizations=2, num_works=2)
-  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=300)
-  blocks_dir = str(root / "blocks")
-  blocks_pipeline.run_blocks(files["articles"], files["vocab"], blocks_dir, block_seq_length=48)
-  realm_dir, index_dir = str(root / "realm"), str(root / "index")
-  tiny_trainer = testing.TinyTrainer(realm_dir, files["vocab"], hidden_size=16,
-                                     projection_size=16, query_seq_length=24,
-                                     block_seq_length=48)
-  # Untrained towers embed every text alike (scores tied to 1e-5, ranked by rounding noise):
-  # perturbed ones rank blocks apart, so two code paths retrieve the same beam.
-  tiny_trainer.perturb(0.3)
-  tiny_trainer.save(0)
-  tiny_trainer.finish(0)
+  files, blocks_dir = openqa_world["files"], openqa_world["blocks_dir"]
+  realm_dir, index_dir = openqa_world["realm_dir"], str(root / "index")
   refresher.build_index_for_checkpoint(
       None, realm_dir, blocks_dir, index_dir,
       refresher.BuildOptions(index_type="brute_force", recall_queries=0, progress=False,
@@ -601,18 +589,13 @@ def trained(tmp_path_factory):
   metrics = train_lib.run_experiment(params, model_dir, mode="train_and_eval")
   return dict(root=root, files=files, blocks_dir=blocks_dir, realm_dir=realm_dir,
               index_dir=index_dir, model_dir=model_dir, metrics=metrics,
-              tiny_trainer=tiny_trainer, vocab=files["vocab"])
-
-
-def _read_qa(path):
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+              tiny_trainer=openqa_world["tiny_trainer"], vocab=files["vocab"])
 
 
 def test_end_to_end_train_eval_and_answer(trained):
   t = trained
   metrics, model_dir = t["metrics"], t["model_dir"]
-  dev = _read_qa(t["files"]["qa_dev"])
+  dev = helpers.read_jsonl(t["files"]["qa_dev"])
   assert 3 < len(dev) < 10   # more than one validation batch, the last one partial
   for key in ("validation/official_exact_match", "validation/top_5_match",
               "validation/exact_match", "validation/reader_oracle", "training_loss"):
@@ -658,7 +641,8 @@ def test_end_to_end_train_eval_and_answer(trained):
   qa = realm_tf.OpenQA.load(model_dir, t["index_dir"])
   assert qa.checkpoint.startswith(os.path.join(model_dir, "best_ckpt"))
   fields = manifests.read_blocks(t["blocks_dir"])   # sorted by block_id
-  asked = [d["question"] for d in _read_qa(t["files"]["qa_test"])][:4] + ["who is Zanzibar?"]
+  asked = ([d["question"] for d in helpers.read_jsonl(t["files"]["qa_test"])][:4]
+           + ["who is Zanzibar?"])
   answers = qa.answer(asked, batch_size=2)
   assert [a.question for a in answers] == asked
   for a in answers:

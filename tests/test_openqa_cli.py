@@ -1,16 +1,15 @@
 """realm-eval and realm-answer end to end, on tiny random-init Open-QA models.
 
 Two fixtures, built once: the synthetic world's paragraphs as blocks with a vocabulary of its
-words, and 300 SQuAD paragraphs with BERT's uncased vocabulary (for the 3,610 NQ-open
-questions). Each has a random-init ``OpenQaModel`` (its checkpoint has a span scorer) and a
-brute-force index of its block tower. The answers are random: these tests check the plumbing.
+words, and 300 SQuAD paragraphs with BERT's uncased vocabulary (for NQ-open's questions: all
+3,610 in the slow tier, the first 400 by default). Each has a random-init ``OpenQaModel`` (its
+checkpoint has a span scorer) and a brute-force index of its block tower. The answers are
+random: these tests check the plumbing. Each binary runs once as a process of its own (its smoke
+test); the other runs are in this process.
 """
 
 import json
 import os
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,9 +27,10 @@ from realm_tf.openqa import predict
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
 
+import helpers
+
 NQ_DEV = assets.NQ_DEV
 BERT_VOCAB = assets.BERT_VOCAB
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def _make_model(model_dir: str, vocab_file: str, openqa_seq_length: int = 64) -> None:
@@ -49,13 +49,6 @@ def _make_index(model_dir: str, blocks_dir: str, index_dir: str) -> None:
   options = refresher.BuildOptions(index_type="brute_force", recall_queries=0, progress=False,
                                    tensorboard_dir="")
   refresher.build_index_for_checkpoint(None, model_dir, blocks_dir, index_dir, options=options)
-
-
-def _write_lines(path, rows):
-  with open(path, "w", encoding="utf-8") as f:
-    for row in rows:
-      f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-  return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -81,51 +74,29 @@ def world(tmp_path_factory):
   _make_index(model, blocks, index)
   # The world's test questions and one malformed line (skipped, counted).
   test_lines = open(files["qa_test"], encoding="utf-8").read().splitlines()
-  qa_file = _write_lines(root / "qa-test.jsonl", test_lines + ['{"question": "no answers"}'])
+  qa_file = helpers.write_lines(root / "qa-test.jsonl", test_lines + ['{"question": "no answers"}'])
   return dict(root=root, vocab=vocab, blocks=blocks, model=model, index=index, qa=qa_file,
               questions=len(test_lines), titles=titles, bodies=bodies)
 
 
-def _command(binary, *args):
-  return [sys.executable, "-m", f"realm_tf.binaries.{binary}", *args]
-
-
-def _run(binary, *args):
-  proc = subprocess.run(_command(binary, *args), capture_output=True, text=True, env=ENV,
-                        timeout=300)
+def _run(binary, *args, process=False):
+  """``realm-<binary> <args>`` in this process (or, ``process``, as a process of its own); it
+  must succeed."""
+  module = f"realm_tf.binaries.{binary}"
+  proc = helpers.run_process(module, *args) if process else helpers.run_cli(module, *args)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return proc
-
-
-def _run_all(runs):
-  """Runs ``{name: (binary, *args)}`` side by side -> ``{name: CompletedProcess}``."""
-  procs = {name: subprocess.Popen(_command(*args), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=ENV)
-           for name, args in runs.items()}
-  done = {}
-  for name, p in procs.items():
-    stdout, stderr = p.communicate(timeout=300)
-    done[name] = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
-  return done
-
-
-def _error_line(proc):
-  """The one ``error:`` line of a failed binary (exit 2)."""
-  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert len(errors) == 1, proc.stderr[-2000:]
-  assert "Traceback" not in proc.stderr
-  return errors[0]
 
 
 # ---------------------------------------------------------------- realm-eval, end to end --
 
 @pytest.fixture(scope="module")
 def world_eval(world):
+  """realm-eval's smoke test: a process of its own."""
   out = str(world["root"] / "eval_out")
   proc = _run("eval", f"--model_dir={world['model']}", f"--index_dir={world['index']}",
               f"--dataset={world['qa']}", f"--output_dir={out}", "--batch_size=8",
-              "--noprogress")
+              "--noprogress", process=True)
   return out, proc
 
 
@@ -184,14 +155,14 @@ def test_eval_scores_its_predictions_file(world, world_eval):
 
 
 def test_score_hand_written_predictions(tmp_path):
-  references = _write_lines(tmp_path / "refs.jsonl", [
+  references = helpers.write_lines(tmp_path / "refs.jsonl", [
       {"question": "who wrote hamlet", "answers": ["William Shakespeare", "Shakespeare"]},
       {"question": "capital of france", "answer": ["Paris"]},
       {"question": "when", "answers": ["19[0-9]{2}"], "answer_type": "regex"},
       {"question": "tallest mountain", "answers": ["Everest"]},
       {"question": "largest ocean", "answers": ["Pacific"]},     # no prediction: wrong
   ])
-  predictions = _write_lines(tmp_path / "pred.jsonl", [
+  predictions = helpers.write_lines(tmp_path / "pred.jsonl", [
       {"question": "who wrote hamlet", "prediction": "the  shakespeare."},  # normalized: right
       {"question": "capital of france", "prediction": "Lyon"},
       {"question": "when", "prediction": "1969, in July"},              # re.match: right
@@ -228,24 +199,36 @@ def squad_world(tmp_path_factory):
   return dict(root=root, model=model, index=index, blocks=blocks)
 
 
-def test_eval_on_nq_open_3610_questions(squad_world):
+def _eval_on_nq_open(squad_world, n):
+  """realm-eval's path (load, evaluate, write, score) on NQ-open's first ``n`` questions."""
   path, answer_type = qa_lib.resolve_dataset(str(NQ_DEV), None)
   records, skipped = qa_lib.read_qa(path, answer_type)
   assert len(records) == 3610 and not skipped
+  records = records[:n]
   qa = predict.OpenQA.load(squad_world["model"], squad_world["index"],
                            retriever_beam_size=100)
   metrics, rows = evaluation.evaluate(qa, records, batch_size=128, progress=False)
-  assert metrics["questions"] == 3610 and len(rows) == 3610
+  assert metrics["questions"] == n and len(rows) == n
   assert metrics["retriever_beam_size"] == 100
   assert {k for k in metrics if k.startswith("top_")} == {
       "top_5_match", "top_10_match", "top_50_match", "top_100_match"}
   assert 0.0 <= metrics["exact_match"] <= 1.0
   tops = [metrics[f"top_{k}_match"] for k in (5, 10, 50, 100)]
   assert tops == sorted(tops) and tops[-1] > 0               # some blocks hold answers
-  paths = evaluation.write_outputs(str(squad_world["root"] / "eval_nq"), metrics, rows)
-  assert sum(1 for _ in open(paths["predictions"])) == 3610
+  paths = evaluation.write_outputs(str(squad_world["root"] / f"eval_nq_{n}"), metrics, rows)
+  assert sum(1 for _ in open(paths["predictions"])) == n
   scored = evaluation.score_predictions(paths["predictions"], records)
   assert scored["exact_match"] == metrics["exact_match"] and scored["missing"] == 0
+
+
+@pytest.mark.slow
+def test_eval_on_nq_open_3610_questions(squad_world):
+  _eval_on_nq_open(squad_world, 3610)
+
+
+def test_eval_on_nq_open_first_400_questions(squad_world):
+  """The slow test's path and checks on 400 questions (three batches and a partial one)."""
+  _eval_on_nq_open(squad_world, 400)
 
 
 # ------------------------------------------------------------------------ realm-answer ---
@@ -253,13 +236,12 @@ def test_eval_on_nq_open_3610_questions(squad_world):
 def test_answer_prints_answer_and_evidence(world):
   questions = ["Where was Skane Skaxafen born?", "What did the institute study?"]
   flags = [f"--model_dir={world['model']}", f"--index_dir={world['index']}"]
-  # The JSON run retrieves more blocks than the corpus has (the beam is capped at the corpus);
-  # it reads the same top 5, so its answers and scores are the text run's.
-  procs = _run_all({"text": ("answer", *flags, *questions),
-                    "json": ("answer", *flags, "--json", "--retriever_beam_size=100000",
-                             *questions)})
-  for proc in procs.values():
-    assert proc.returncode == 0, proc.stderr[-3000:]
+  # realm-answer's smoke test as a process of its own; --json in this process. The JSON run
+  # retrieves more blocks than the corpus has (the beam is capped at the corpus); it reads the
+  # same top 5, so its answers and scores are the text run's.
+  procs = {"text": _run("answer", *flags, *questions, process=True),
+           "json": _run("answer", *flags, "--json", "--retriever_beam_size=100000",
+                        *questions)}
   out = procs["text"].stdout
   assert out.count("question: ") == 2 and out.count("answer:   ") == 2
   assert out.count("evidence (5 blocks read):") == 2
@@ -284,14 +266,15 @@ def test_errors_are_one_line(world):
   no_scorer = str(root / "towers_only")   # a checkpoint without a span scorer: towers only
   testing.TinyTrainer(no_scorer, world["vocab"], hidden_size=16, projection_size=16).save(1)
   model = [f"--model_dir={world['model']}", f"--index_dir={world['index']}"]
-  procs = _run_all({
+  runs = {
       "missing model dir": ("eval", f"--model_dir={root / 'nope'}",
                             f"--index_dir={world['index']}", f"--dataset={world['qa']}"),
       "no span scorer": ("eval", f"--model_dir={no_scorer}", f"--index_dir={world['index']}",
                          f"--dataset={world['qa']}"),
       "empty question": ("answer", *model, "who?", "  "),
-  })
-  lines = {name: _error_line(proc) for name, proc in procs.items()}
+  }
+  lines = {name: helpers.error_line(helpers.run_cli(f"realm_tf.binaries.{binary}", *args))
+           for name, (binary, *args) in runs.items()}
   assert "model directory not found" in lines["missing model dir"]
   assert "no span scorer" in lines["no span scorer"]
   assert "question 2 is empty" in lines["empty question"]

@@ -9,8 +9,6 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from data_prep import blocks as blocks_pipeline
-from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -130,21 +128,13 @@ def test_model_embeds_the_top_of_the_beam_with_the_block_tower(corpus):
       np.einsum("bd,bkd->bk", q, f["beam_emb"].numpy()), rtol=1e-4, atol=1e-5)
 
 
-def test_finetuning_with_the_refresher_beside(tmp_path):
+def test_finetuning_with_the_refresher_beside(openqa_world, tmp_path):
   """trainable_blocks end to end: the fine-tuner starts on the refresher's index of ckpt-0,
   trains its block tower, and the refresher's last index embeds the corpus with the final
-  block tower; a missing blocks_dir or block-tower source is refused by name."""
-  world = synthetic_world.generate_world(seed=1, num_regions=1, num_cities=3, num_people=5,
-                                         num_organizations=2, num_works=2)
-  files = synthetic_world.write_world(world, str(tmp_path / "world"), vocab_size=300)
-  blocks_dir = str(tmp_path / "blocks")
-  blocks_pipeline.run_blocks(files["articles"], files["vocab"], blocks_dir, block_seq_length=32)
-  realm_dir = str(tmp_path / "realm")
-  start = testing.TinyTrainer(realm_dir, files["vocab"], hidden_size=16, projection_size=16,
-                              query_seq_length=16, block_seq_length=32)
-  start.perturb(0.3)
-  start.save(0)
-  start.finish(0)
+  block tower; a missing blocks_dir or block-tower source is refused by name. (conftest's
+  Open-QA world: its blocks and its REALM model of random towers.)"""
+  files, blocks_dir = openqa_world["files"], openqa_world["blocks_dir"]
+  realm_dir = openqa_world["realm_dir"]
   size = len(load_vocab(files["vocab"]))
   index_dir, model_dir = str(tmp_path / "openqa_index"), str(tmp_path / "openqa")
   overrides = {
@@ -153,12 +143,12 @@ def test_finetuning_with_the_refresher_beside(tmp_path):
       "task.model.retriever.encoder.hidden_size": 16,
       "task.model.retriever.encoder.intermediate_size": 64,
       "task.model.retriever.projection_size": 16,
-      "task.model.retriever.query_seq_length": 16,
-      "task.model.retriever.block_seq_length": 32,
+      "task.model.retriever.query_seq_length": 24,
+      "task.model.retriever.block_seq_length": 48,
       "task.model.reader.encoder.vocab_size": size,
       "task.model.reader.encoder.hidden_size": 16,
       "task.model.reader.encoder.intermediate_size": 64,
-      "task.model.reader.openqa_seq_length": 48,
+      "task.model.reader.openqa_seq_length": 64,
       "task.model.reader.span_hidden_size": 8,
       "task.init_checkpoint": realm_dir, "task.index_dir": index_dir,
       "task.blocks_dir": blocks_dir, "task.trainable_blocks": 4,
@@ -205,7 +195,7 @@ def test_finetuning_with_the_refresher_beside(tmp_path):
            zip(final.block_embedder.trainable_variables, first.block_embedder.trainable_variables)]
   assert max(moved) > 1e-4
   # The refresher's last index holds the final block tower's embeddings of the corpus.
-  ids, emb = corpus_embedding.embed_corpus(final.block_embedder, blocks_dir, 32,
+  ids, emb = corpus_embedding.embed_corpus(final.block_embedder, blocks_dir, 48,
                                            files["vocab"], True, progress=False)
   latest = handle_lib.IndexHandle(index_dir, watch=False)
   np.testing.assert_allclose(latest.embeddings()[ids], emb, rtol=1e-4, atol=1e-5)

@@ -2,19 +2,17 @@
 BERT-base-shaped TF1 checkpoint in Google's names initializing ICT's towers and REALM's reader."""
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-
-import test_checkpoint_convert as tf1_helpers  # The TF1 checkpoint writer.
 
 from realm_tf import checkpoint_convert
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tasks  # noqa: F401  (registers the tasks)
 from official.core import task_factory
+
+import helpers
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "experiments", "configs")
 PAPER = {
@@ -71,11 +69,8 @@ def test_realm_needs_both_towers_and_openqa_accepts_a_tower_pair():
 
 
 def test_realm_train_refuses_random_init_on_one_line(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "realm_tf.binaries.train", "--experiment=ict_paper", "--mode=train",
-       f"--model_dir={tmp_path / 'ict'}"],
-      capture_output=True, text=True, timeout=300,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  proc = helpers.run_cli("realm_tf.binaries.train", "--experiment=ict_paper", "--mode=train",
+                         f"--model_dir={tmp_path / 'ict'}")
   assert proc.returncode == 2, proc.stderr[-2000:]
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "task.init_checkpoint is not set" in errors[0], proc.stderr[-2000:]
@@ -84,7 +79,7 @@ def test_realm_train_refuses_random_init_on_one_line(tmp_path):
 
 def _random_google_bert(rng, vocab_size):
   """A random BERT in google-research's TF1 names (``bert/...``, ``cls/predictions/...``)."""
-  w = tf1_helpers.random_bert(rng, "bert/", vocab_size, HIDDEN, INTER, LAYERS)
+  w = helpers.random_bert(rng, "bert/", vocab_size, HIDDEN, INTER, LAYERS)
   for name, shape in (("transform/dense/kernel", (HIDDEN, HIDDEN)),
                       ("transform/dense/bias", (HIDDEN,)),
                       ("transform/LayerNorm/gamma", (HIDDEN,)),
@@ -111,7 +106,7 @@ def test_converted_bert_base_initializes_ict_towers_and_realm_reader(tmp_path):
       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
       type_vocab_size=2, initializer_range=0.02)))
   w = _random_google_bert(np.random.default_rng(0), len(vocab))
-  ckpt = tf1_helpers.write_tf1_checkpoint(w, str(tmp_path / "tf1" / "bert_model.ckpt"))
+  ckpt = helpers.write_tf1_checkpoint(w, str(tmp_path / "tf1" / "bert_model.ckpt"))
   converted = str(tmp_path / "converted")
   checkpoint_convert.convert([ckpt], str(bert_config), str(vocab_file), converted)
 

@@ -6,18 +6,12 @@ out again (case-sensitive substring of the block body; ``re.search`` ignoring ca
 answers).
 """
 
-import json
 import os
 import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from data_prep import blocks as blocks_pipeline
-from data_prep import pretrain_examples
-from data_prep import salient_spans
-from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -26,33 +20,17 @@ from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
+import helpers
+
 LQ, LB, TOP = 32, 64, 5
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-  """A tiny world: its blocks, held-out masked sentences and QA questions."""
-  root = tmp_path_factory.mktemp("qa_recall")
-  generated = synthetic_world.generate_world(seed=1, num_regions=2, num_cities=6,
-                                             num_people=14, num_organizations=4, num_works=6)
-  files = synthetic_world.write_world(generated, str(root / "world"), vocab_size=500)
-  dirs = {k: str(root / k) for k in ("blocks", "sentences", "pretrain")}
-  blocks_pipeline.run_blocks(files["articles"], files["vocab"], dirs["blocks"], True, LB, True)
-  salient_spans.run_annotate(dirs["blocks"], dirs["sentences"], "auto", files["patterns"])
-  pretrain_examples.run_pretrain_examples(dirs["sentences"], files["vocab"], dirs["pretrain"],
-                                          "salient", True, LQ, 10, 1, 0.3, 0)
-  return dict(root=root, vocab=files["vocab"], qa_test=files["qa_test"], **dirs)
-
-
-def _records(path):
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def _write(path, records):
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("".join(json.dumps(r) + "\n" for r in records))
-  return path
+def world(realm_world, tmp_path_factory):
+  """conftest's small world (its blocks at LB, its held-out masked sentences at LQ, its QA
+  questions); this module's files go to a directory of its own."""
+  return dict(realm_world, root=tmp_path_factory.mktemp("qa_recall"),
+              qa_test=realm_world["files"]["qa_test"])
 
 
 def _params(w, **extra):
@@ -125,24 +103,15 @@ def _numpy_top(model, w, questions):
   return np.argsort(-scores, axis=1)[:, :TOP], [b["body"] for b in blocks]
 
 
-def _scalars(logdir):
-  out = {}
-  for path in tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        out[value.tag] = float(tf.make_ndarray(value.tensor))
-  return out
-
-
 def test_qa_recall_in_eval_logs_matches_numpy(world):
   """``--mode=eval``: ``qa_recall@5`` and ``qa_questions`` in the returned logs and in the
   validation summaries, equal to the brute-force fraction."""
-  records = _records(world["qa_test"])
+  records = helpers.read_jsonl(world["qa_test"])
   # Each question again with its answers lower-cased (the test is case-sensitive), and one
   # whose answer is in no block.
   records += [dict(r, answers=[a.lower() for a in r["answers"]]) for r in records]
   records.append(dict(question=records[0]["question"], answers=["Zzqx no such answer"]))
-  qa_path = _write(str(world["root"] / "qa-text.jsonl"), records)
+  qa_path = helpers.write_lines(str(world["root"] / "qa-text.jsonl"), records)
   init = str(world["root"] / "towers_text" / "ckpt")
   params = _params(world, **{"task.qa_eval_path": qa_path,
                              "task.retriever_init_checkpoint": init})
@@ -163,7 +132,8 @@ def test_qa_recall_in_eval_logs_matches_numpy(world):
   assert logs["qa_recall@5"] == want
   assert logs["qa_questions"] == len(records)
   assert {"recall@5", "retrieval_utility", "examples", "validation_loss"} <= set(logs)
-  summaries = _scalars(os.path.join(model_dir, "validation"))
+  summaries = {tag: values[max(values)] for tag, values in
+               helpers.scalars(os.path.join(model_dir, "validation")).items()}
   assert summaries["qa_recall@5"] == pytest.approx(want)
   assert summaries["qa_questions"] == len(records)
 
@@ -171,14 +141,14 @@ def test_qa_recall_in_eval_logs_matches_numpy(world):
 def test_qa_recall_regex_answers_and_off_by_default(world):
   """``qa_answer_type=regex`` (CuratedTrec): ``re.search`` ignoring case; recall_at names
   the metric; without ``qa_eval_path`` no QA numbers are reported."""
-  records = _records(world["qa_test"])
+  records = helpers.read_jsonl(world["qa_test"])
   # Lower-cased literal patterns match ignoring case; "." stands for any first character.
   records = [dict(question=r["question"], answers=[re.escape(a.lower()) for a in r["answers"]])
              for r in records]
   records += [dict(question=r["question"], answers=["." + r["answers"][0][2:]])
               for r in records[:6]]
   records.append(dict(question=records[0]["question"], answers=["("]))   # never compiles
-  qa_path = _write(str(world["root"] / "qa-regex.jsonl"), records)
+  qa_path = helpers.write_lines(str(world["root"] / "qa-regex.jsonl"), records)
   params = _params(world, **{"task.qa_eval_path": qa_path, "task.qa_answer_type": "regex",
                              "task.recall_at": TOP})
   task = realm_pretrain.RealmPretrainTask(params.task)

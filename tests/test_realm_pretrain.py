@@ -1,7 +1,5 @@
 """REALM pre-training: the marginal loss and its gradient, candidates, strategies."""
 
-import hashlib
-
 import numpy as np
 import tensorflow as tf
 
@@ -16,63 +14,9 @@ from realm_tf.retrieval import candidates
 from realm_tf.retrieval import testing
 from realm_tf.tasks import realm_pretrain
 
-VOCAB, CLS, SEP, MASK = 40, 2, 3, 4
-K, M, LQ, LB, LR = 4, 3, 10, 12, 20
-
-
-def tiny_config(share=True):
-  enc = configs.bert_tiny(VOCAB, 16)
-  enc.override(dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.5))
-  return configs.RealmModelConfig(
-      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, share_embedders=share,
-                                        query_seq_length=LQ, block_seq_length=LB),
-      reader=configs.ReaderConfig(encoder=enc, seq_length=LR), num_candidates=K, max_masks=M)
-
-
-def make_blocks(n, rng):
-  blocks = []
-  for i in range(n):
-    title = [int(x) for x in rng.integers(5, VOCAB, 2)]
-    body = [int(x) for x in rng.integers(5, VOCAB, rng.integers(3, 12))]
-    key = "duplicate" if i >= n - 2 else f"t{i} <sep> b{i}"   # the last two share a uid
-    uid = hashlib.sha1(key.encode()).hexdigest()
-    blocks.append(dict(block_id=i, uid=uid, token_ids=[CLS] + title + [SEP] + body + [SEP]))
-  return blocks
-
-
-def make_examples(b, rng, blocks):
-  query_ids = np.zeros([b, LQ], np.int64)
-  query_mask = np.zeros([b, LQ], np.int64)
-  positions = np.zeros([b, M], np.int64)
-  ids = np.zeros([b, M], np.int64)
-  weights = np.zeros([b, M], np.float32)
-  for i in range(b):
-    n = int(rng.integers(4, LQ - 2))
-    toks = rng.integers(5, VOCAB, n)
-    nm = int(rng.integers(1, M + 1))
-    start = int(rng.integers(0, n - nm + 1))
-    ids[i, :nm] = toks[start:start + nm]
-    positions[i, :nm] = np.arange(start, start + nm) + 1
-    toks[start:start + nm] = MASK
-    query_ids[i, :n + 2] = [CLS, *toks, SEP]
-    query_mask[i, :n + 2] = 1
-    weights[i, :nm] = 1.0
-  source = rng.integers(0, len(blocks), b)
-  return dict(query_ids=query_ids, query_mask=query_mask, mlm_positions=positions, mlm_ids=ids,
-              mlm_weights=weights, source_uid=np.array([blocks[s]["uid"] for s in source]),
-              source_block_id=source)
-
-
-class FakeHandle:
-  """Exact search over fixed block embeddings (stands in for IndexHandle)."""
-
-  def __init__(self, emb, step=0):
-    self.emb, self.step = emb, step
-
-  def search(self, q, k):
-    scores = q @ self.emb.T
-    order = np.argsort(-scores, axis=1)[:, :k]
-    return order, np.take_along_axis(scores, order, 1)
+# The tiny REALM model and its random inputs (test_health uses them too).
+from helpers import CLS, K, LB, LQ, M, SEP
+from helpers import ExactHandle, make_blocks, make_examples, tiny_config
 
 
 def numpy_marginal(retrieval_logits, mlm_logits, mlm_ids, weights):
@@ -105,7 +49,7 @@ class MarginalLossTest(tf.test.TestCase):
         zip(["input_word_ids", "input_mask", "input_type_ids"],
             candidates.pack_blocks(self.blocks, LB, CLS, SEP)[:3]))).numpy()[:-1]
     self.builder = candidates.CandidateBuilder(
-        self.blocks, self.config, FakeHandle(emb, step=3), CLS, SEP)
+        self.blocks, self.config, ExactHandle(emb, step=3), CLS, SEP)
     self.builder._query_embedder = lambda: (lambda x: self.model.query_embedder(x))
     self.examples = make_examples(5, self.rng, self.blocks)
 

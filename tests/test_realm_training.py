@@ -4,18 +4,24 @@ Checks that the trainer and the refresher work together (indexes swapped in, sta
 logged), that a preempted run resumes at its step, that the stale-index ablation runs, and
 that a missing index, an index of another corpus and examples longer than the query length
 fail with clear errors.
+
+The world and the warm starts (ICT, the reader's reading) are conftest's session fixtures. One
+REALM run (``realm_run``: train_and_eval beside ``realm-refresh`` as a process of its own)
+serves the tests of the refreshed run; the other runs keep their refresher in a thread.
 """
 
+import contextlib
 import os
+import shutil
 import subprocess
 import tempfile
 import sys
+import threading
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from data_prep import pipeline
 from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
@@ -24,21 +30,12 @@ from realm_tf.data import loaders
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
+from realm_tf.retrieval import refresher as refresher_lib
 from realm_tf.tasks import ict
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import load_vocab
 
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-  root = tmp_path_factory.mktemp("realm")
-  world = synthetic_world.generate_world(seed=1, num_regions=2, num_cities=6, num_people=14,
-                                         num_organizations=4, num_works=6)
-  files = synthetic_world.write_world(world, str(root / "world"), vocab_size=500)
-  out = pipeline.prepare_all(files["articles"], files["vocab"], str(root / "data"),
-                             patterns_file=files["patterns"], block_seq_length=64,
-                             query_seq_length=32, eval_fraction=0.3)
-  return dict(root=root, vocab=files["vocab"], **out["dirs"])
+import helpers
 
 
 def overrides(p, **extra):
@@ -68,6 +65,7 @@ def overrides(p, **extra):
 
 
 def start_refresher(model_dir, index_dir, blocks_dir, *flags):
+  """``realm-refresh`` as a process of its own."""
   return subprocess.Popen(
       [sys.executable, "-m", "realm_tf.binaries.refresh", f"--model_dir={model_dir}",
        f"--index_dir={index_dir}", f"--blocks_dir={blocks_dir}", "--poll_seconds=0.5",
@@ -75,46 +73,48 @@ def start_refresher(model_dir, index_dir, blocks_dir, *flags):
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _warm_start(p, experiment, name, steps, *extra):
-  """``steps`` of a warm-start experiment on the ICT pairs, with 32-wide towers."""
-  size = len(load_vocab(p["vocab"]))
-  params = configs.load_experiment(experiment, params_override=",".join([
-      f"task.vocab_file={p['vocab']}", f"task.model.encoder.vocab_size={size}",
-      "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
-      f"task.train_data.input_path={os.path.join(p['ict'], 'train-*')}",
-      "task.train_data.global_batch_size=8", f"trainer.train_steps={steps}",
-      "trainer.steps_per_loop=1", "trainer.summary_interval=1", *extra]))
-  path = str(p["root"] / name)
-  return path, train_lib.run_experiment(params, path)
+@contextlib.contextmanager
+def refresher_thread(model_dir, index_dir, blocks_dir, max_builds=None):
+  """The refresher's loop (what ``realm-refresh`` runs) in a thread of this process, beside a
+  trainer run inside the ``with``; yields a list that holds its number of builds after."""
+  result = []
+
+  def loop():
+    try:
+      result.append(refresher_lib.refresh_loop(
+          model_dir, index_dir, blocks_dir, poll_seconds=0.5, model_dir_wait_seconds=120,
+          max_builds=max_builds,
+          options=refresher_lib.BuildOptions(index_type="brute_force", progress=False)))
+    except Exception as e:  # pylint: disable=broad-except
+      result.append(e)
+
+  thread = threading.Thread(target=loop, daemon=True)
+  thread.start()
+  yield result
+  thread.join(timeout=120)
+  assert not thread.is_alive() and result and isinstance(result[0], int), result
 
 
 @pytest.fixture(scope="module")
-def ict_dir(prepared):
-  """A few ICT steps: the retriever every REALM run here starts from."""
-  path, metrics = _warm_start(prepared, "ict_cpu", "ict", 4,
-                              "task.model.projection_size=16")
-  assert set(metrics) >= {"training_loss", "recall@1", "recall@5"}
-  assert model_dir_lib.training_done(path)
-  return path
-
-
-@pytest.fixture(scope="module")
-def reader_dir(prepared):
-  """A few steps of the reader's reading warm start (the world reads itself here)."""
-  p = prepared
-  size = len(load_vocab(p["vocab"]))
-  params = configs.load_experiment("reader_read_cpu", params_override=",".join([
-      f"task.model.vocab_file={p['vocab']}", f"task.model.reader.encoder.vocab_size={size}",
-      f"task.model.retriever.encoder.vocab_size={size}", "task.model.reader.seq_length=96",
-      "task.model.reader.encoder.hidden_size=32", "task.model.reader.encoder.intermediate_size=64",
-      f"task.train_data.input_path=[{os.path.join(p['pretrain'], 'train-*')}]",
-      f"task.train_data.blocks_dir=[{p['blocks']}]", "task.train_data.global_batch_size=8",
-      "trainer.train_steps=3", "trainer.steps_per_loop=1", "trainer.summary_interval=1"]))
-  path = str(p["root"] / "reader_read")
-  metrics = train_lib.run_experiment(params, path)
-  assert set(metrics) >= {"training_loss", "mlm_accuracy", "reading_gain"}
-  assert metrics["training_loss"] > 0
-  return path
+def realm_run(realm_world, ict_dir, reader_dir):
+  """Six REALM steps (--mode=train_and_eval, validated every 3 steps with the QA recall of the
+  world's dev questions) from the ICT towers and the reader's warm start, beside
+  ``realm-refresh`` as a process of its own."""
+  p, root = realm_world, realm_world["root"]
+  model_dir, index_dir = str(root / "realm"), str(root / "realm_index")
+  override = overrides(p, **{"task.index_dir": index_dir,
+                             "task.retriever_init_checkpoint": ict_dir,
+                             "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6,
+                             "task.qa_eval_path": p["files"]["qa_dev"]})
+  refresher = start_refresher(model_dir, index_dir, p["blocks"])
+  try:
+    params = configs.load_experiment("realm_pretrain_cpu", params_override=override)
+    logs = train_lib.run_experiment(params, model_dir, mode="train_and_eval")
+    output, _ = refresher.communicate(timeout=120)
+  finally:
+    refresher.kill()
+  assert refresher.returncode == 0, output[-2000:]
+  return dict(model_dir=model_dir, index_dir=index_dir, override=override, logs=logs)
 
 
 def _variables(checkpoint, prefix):
@@ -123,21 +123,11 @@ def _variables(checkpoint, prefix):
           if k.startswith(prefix) and k.endswith("VARIABLE_VALUE") and "OPTIMIZER" not in k}
 
 
-def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
-  p, root = prepared, prepared["root"]
+def test_ict_then_realm_with_refresher(realm_world, realm_run, ict_dir, reader_dir):
+  p, root = realm_world, realm_world["root"]
   size = len(load_vocab(p["vocab"]))
-
-  model_dir, index_dir = str(root / "realm"), str(root / "realm_index")
-  refresher = start_refresher(model_dir, index_dir, p["blocks"])
-  try:
-    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
-        p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
-              "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6}))
-    metrics = train_lib.run_experiment(params, model_dir)
-    output, _ = refresher.communicate(timeout=120)
-  finally:
-    refresher.kill()
-  assert refresher.returncode == 0, output[-2000:]
+  metrics, model_dir = realm_run["logs"], realm_run["model_dir"]
+  index_dir = realm_run["index_dir"]
   assert {"training_loss", "mlm_accuracy", "retrieval_utility", "retrieval_entropy",
           "index_age", "examples_per_second"} <= set(metrics)
   # Checkpoints are numbered by step and the refresher built one index per checkpoint,
@@ -157,16 +147,16 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
     for k, v in want.items():
       np.testing.assert_array_equal(got[k], v, err_msg=k)
 
-  # Preempted: a second run with more steps resumes from step 6, not from scratch.
-  refresher = start_refresher(model_dir, index_dir, p["blocks"])
-  try:
-    os.remove(os.path.join(model_dir, model_dir_lib.TRAINING_DONE))
-    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
-        p, **{"task.index_dir": index_dir, "trainer.train_steps": 9}))
+  # Preempted: a second run with more steps resumes from step 6, not from scratch (in a copy
+  # of the run, which test_train_and_eval_then_eval reads as it finished).
+  model_dir, index_dir = str(root / "realm_resumed"), str(root / "realm_resumed_index")
+  shutil.copytree(realm_run["model_dir"], model_dir)
+  shutil.copytree(realm_run["index_dir"], index_dir)
+  os.remove(os.path.join(model_dir, model_dir_lib.TRAINING_DONE))
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.index_dir": index_dir, "trainer.train_steps": 9}))
+  with refresher_thread(model_dir, index_dir, p["blocks"]):
     train_lib.run_experiment(params, model_dir)
-    refresher.communicate(timeout=120)
-  finally:
-    refresher.kill()
   steps = sorted(model_dir_lib.checkpoint_step(c) for c in
                  tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths)
   assert steps[-1] == 9 and 3 not in steps[-2:]   # continued 6 -> 9
@@ -180,34 +170,25 @@ def test_ict_then_realm_with_refresher(prepared, ict_dir, reader_dir):
 
   # The stale-index ablation: one index, never refreshed; its age grows with the step.
   stale_dir, stale_index = str(root / "stale"), str(root / "stale_index")
-  refresher = start_refresher(stale_dir, stale_index, p["blocks"], "--max_builds=1")
-  try:
-    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
-        p, **{"task.index_dir": stale_index, "task.refresh_index": "false",
-              "task.retriever_init_checkpoint": ict_dir, "trainer.train_steps": 6}))
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.index_dir": stale_index, "task.refresh_index": "false",
+            "task.retriever_init_checkpoint": ict_dir, "trainer.train_steps": 6}))
+  with refresher_thread(stale_dir, stale_index, p["blocks"], max_builds=1):
     metrics = train_lib.run_experiment(params, stale_dir)
-    refresher.communicate(timeout=60)
-  finally:
-    refresher.kill()
   assert publish.published_steps(stale_index) == [0]
   assert metrics["index_age"] > 3   # steps 4..6 all used the step-0 index
 
 
-def test_device_retrieval_with_refresher(prepared, ict_dir):
+def test_device_retrieval_with_refresher(realm_world, ict_dir):
   """``task.retrieval: device``: the trainer retrieves in the step from the refresher's
   indexes (swapped in between loops); a bad value is refused by name."""
-  p, root = prepared, prepared["root"]
+  p, root = realm_world, realm_world["root"]
   model_dir, index_dir = str(root / "realm_device"), str(root / "realm_device_index")
-  refresher = start_refresher(model_dir, index_dir, p["blocks"])
-  try:
-    params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
-        p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
-              "task.retrieval": "device", "trainer.train_steps": 6}))
+  params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
+      p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
+            "task.retrieval": "device", "trainer.train_steps": 6}))
+  with refresher_thread(model_dir, index_dir, p["blocks"]):
     metrics = train_lib.run_experiment(params, model_dir)
-    output, _ = refresher.communicate(timeout=120)
-  finally:
-    refresher.kill()
-  assert refresher.returncode == 0, output[-2000:]
   assert {"training_loss", "mlm_accuracy", "retrieval_utility", "index_age"} <= set(metrics)
   assert np.isfinite(metrics["training_loss"]) and metrics["training_loss"] > 0
   # Steps 4-6 retrieved with the index of ckpt-0 or ckpt-3, never one newer than the step.
@@ -219,8 +200,8 @@ def test_device_retrieval_with_refresher(prepared, ict_dir):
     realm_pretrain.RealmPretrainTask(params.task)
 
 
-def test_clear_errors(prepared, ict_dir):
-  p, root = prepared, prepared["root"]
+def test_clear_errors(realm_world, ict_dir):
+  p, root = realm_world, realm_world["root"]
   # No index at all: a timeout that says what to run.
   params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(
       p, **{"task.index_dir": str(root / "no_index"), "task.index_wait_seconds": 1}))
@@ -265,35 +246,15 @@ def test_clear_errors(prepared, ict_dir):
         str(root / "bad"), *realm_pretrain.RealmPretrainTask(params.task).model_dir_config())
 
 
-def _scalars(logdir):
-  """``{tag: {step: value}}`` of the TensorBoard event files in ``logdir``."""
-  out = {}
-  for path in tf.io.gfile.glob(os.path.join(logdir, "events.out.tfevents.*")):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        out.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
-  return out
-
-
-def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
+def test_train_and_eval_then_eval(realm_world, realm_run):
   """--mode=train_and_eval writes validation summaries at validation_interval (with the QA
   recall of qa_eval_path); --mode=eval on the finished model dir prints them; the refresher
   restores the towers alone."""
-  p, root = prepared, prepared["root"]
-  model_dir, index_dir = str(root / "realm_tae"), str(root / "realm_tae_index")
-  qa_dev = str(root / "world" / "qa-dev.jsonl")
-  override = overrides(p, **{"task.index_dir": index_dir, "task.retriever_init_checkpoint": ict_dir,
-                             "task.reader_init_checkpoint": reader_dir, "trainer.train_steps": 6,
-                             "task.qa_eval_path": qa_dev})
-  refresher = start_refresher(model_dir, index_dir, p["blocks"])
-  try:
-    params = configs.load_experiment("realm_pretrain_cpu", params_override=override)
-    logs = train_lib.run_experiment(params, model_dir, mode="train_and_eval")
-    refresher.communicate(timeout=120)
-  finally:
-    refresher.kill()
+  p, root = realm_world, realm_world["root"]
+  model_dir, override, logs = realm_run["model_dir"], realm_run["override"], realm_run["logs"]
+  qa_dev = p["files"]["qa_dev"]
   assert os.path.exists(os.path.join(model_dir, "params.yaml"))
-  validation = _scalars(os.path.join(model_dir, "validation"))
+  validation = helpers.scalars(os.path.join(model_dir, "validation"))
   # Validated before the first step too (the health alarms' step-0 recalls), then every 3.
   for tag in ("recall@5", "retrieval_utility", "mlm_accuracy", "validation_loss",
               "qa_recall@5", "qa_questions", "retrieval_entropy_ratio", "p_null",
@@ -305,17 +266,17 @@ def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
   assert logs["validation/qa_recall@5"] == pytest.approx(validation["qa_recall@5"][6])
   with open(qa_dev, encoding="utf-8") as f:
     assert validation["qa_questions"][6] == sum(1 for line in f if line.strip()) > 0
-  train = _scalars(os.path.join(model_dir, "train"))
+  train = helpers.scalars(os.path.join(model_dir, "train"))
   for tag in ("training_loss", "retrieval_entropy_ratio", "p_null", "retrieval_margin",
               "candidates_with_answer", "reader_gain_other", "block_cosine",
               "distinct_candidates", "skipped_duplicates", "health_alarms"):
     assert sorted(train[tag]) == [3, 6], (tag, train.get(tag))
 
-  # --mode=eval on the finished model dir, as a user runs it: the same numbers, printed.
-  proc = subprocess.run(
-      [sys.executable, "-m", "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
-       "--mode=eval", f"--model_dir={model_dir}", f"--params_override={override}"],
-      capture_output=True, text=True, timeout=300, check=False)
+  # --mode=eval on the finished model dir, as a user runs it: the same numbers, printed
+  # (realm-train's smoke test as a process of its own).
+  proc = helpers.run_process("realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+                             "--mode=eval", f"--model_dir={model_dir}",
+                             f"--params_override={override}")
   assert proc.returncode == 0, proc.stderr[-3000:]
   printed = proc.stdout.strip().splitlines()[-1]
   assert printed.startswith("done (eval)") and "'recall@5': " in printed
@@ -325,7 +286,6 @@ def test_train_and_eval_then_eval(prepared, ict_dir, reader_dir):
 
   # The refresher restores only the towers from the new loop's checkpoint (which also holds
   # the whole model under model/ and the optimizer): its values, and nothing is missing.
-  from realm_tf.retrieval import refresher as refresher_lib  # pylint: disable=g-import-not-at-top
   latest = model_dir_lib.latest_checkpoint(model_dir)
   names = [name for name, _ in tf.train.list_variables(latest)]
   assert any(n.startswith("model/") or n.startswith("reader/") for n in names)
@@ -349,11 +309,11 @@ def _object_values(module):
           if k.startswith("m/") and k.endswith("VARIABLE_VALUE")}
 
 
-def test_bfloat16_runtime_trains(prepared):
+def test_bfloat16_runtime_trains(realm_world):
   """runtime.mixed_precision_dtype=bfloat16 through run_experiment: finite loss, float32
   variables in the checkpoint."""
-  path, logs = _warm_start(prepared, "ict_cpu", "ict_bf16", 2, "task.model.projection_size=16",
-                           "runtime.mixed_precision_dtype=bfloat16")
+  path, logs = helpers.train_ict(realm_world, "ict_bf16", 2, "task.model.projection_size=16",
+                                 "runtime.mixed_precision_dtype=bfloat16")
   assert np.isfinite(logs["training_loss"])
   reader = tf.train.load_checkpoint(model_dir_lib.latest_checkpoint(path))
   dtypes = reader.get_variable_to_dtype_map()

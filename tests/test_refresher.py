@@ -1,16 +1,14 @@
-"""The refresher loop in-process, the realm-index binary, and the binaries' error messages."""
+"""The refresher loop in-process, the realm-index binary, and the binaries' error messages
+(the binaries run in this process)."""
 
 import contextlib
 import glob
 import io
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from unittest import mock
 
-from absl import flags
 import numpy as np
 import tensorflow as tf
 
@@ -22,7 +20,7 @@ from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import testing
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
 
 
 class RefreshLoopTest(tf.test.TestCase):
@@ -147,7 +145,6 @@ class RealmIndexBinaryTest(tf.test.TestCase):
   """``realm-index build`` / ``embed`` / ``search`` through the binary's main (in-process)."""
 
   def test_build_embed_search(self):
-    from realm_tf.binaries import index as index_bin  # pylint: disable=g-import-not-at-top
     root = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, root, ignore_errors=True)
     vocab = testing.write_vocab(os.path.join(root, "vocab.txt"))
@@ -162,13 +159,11 @@ class RealmIndexBinaryTest(tf.test.TestCase):
     trainer.save(5)
 
     def run(*args):
-      flags.FLAGS.unparse_flags()
-      argv = ["realm-index", args[0], f"--model_dir={root}/model", f"--blocks_dir={root}/blocks",
-              f"--index_dir={root}/index", "--noprogress", *args[1:]]
-      out = io.StringIO()
-      with contextlib.redirect_stdout(out):
-        index_bin.main(flags.FLAGS(argv))
-      return out.getvalue()
+      proc = helpers.run_cli("realm_tf.binaries.index", args[0], f"--model_dir={root}/model",
+                             f"--blocks_dir={root}/blocks", f"--index_dir={root}/index",
+                             "--noprogress", *args[1:])
+      self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+      return proc.stdout
 
     run("embed", f"--embeddings_dir={root}/emb", "--shard_index=1", "--num_shards=2")
     run("embed", f"--embeddings_dir={root}/emb", "--shard_index=0", "--num_shards=2")
@@ -178,16 +173,14 @@ class RealmIndexBinaryTest(tf.test.TestCase):
     self.assertEqual(out.count("query: "), 2)
     self.assertIn("paris is the capital of france", out)
     self.assertRegex(out, r" 1\. \[ *-?\d+\.\d{3}\] \w+  \(block \d\)")
-    flags.FLAGS.unparse_flags()
 
   def test_binary_prints_one_line_errors(self):
+    """realm-refresh in this process (its process runs are test_realm_training's and
+    test_refresher_sigkill's)."""
     root = tempfile.mkdtemp()
     self.addCleanup(shutil.rmtree, root, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run(
-        [sys.executable, "-m", "realm_tf.binaries.refresh", f"--model_dir={root}/missing",
-         f"--index_dir={root}/index", f"--blocks_dir={root}/blocks"],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    proc = helpers.run_cli("realm_tf.binaries.refresh", f"--model_dir={root}/missing",
+                           f"--index_dir={root}/index", f"--blocks_dir={root}/blocks")
     self.assertEqual(proc.returncode, 2, proc.stderr)
     self.assertIn(f"error: model directory not found: {root}/missing", proc.stderr)
     self.assertNotIn("Traceback", proc.stderr)

@@ -7,11 +7,8 @@ holding ``block_emb``. They go through ``checkpoint_convert.convert``, ``realm-i
 """
 
 import json
-import math
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from unittest import mock
 
@@ -31,9 +28,9 @@ from realm_tf.retrieval import errors
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import refresher
 from realm_tf.tokenization import RealmTokenizer
-import test_checkpoint_convert as tf1_helpers  # The TF1 writers of the converter's tests.
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
+
 NUM_BLOCKS = 40
 PROJECTION = 128
 SPAN_HIDDEN = 256
@@ -46,7 +43,7 @@ MAX_SPAN_WIDTH = 10
 def make_texts(n, seed=0):
   """``n`` (title, body) pairs: vocabulary words, some unknown and non-ASCII, some too long."""
   rng = np.random.default_rng(seed)
-  words = tf1_helpers.WORDS + ["café", "zürich", "naïve", "straße"]
+  words = helpers.TF1_WORDS + ["café", "zürich", "naïve", "straße"]
   titles, bodies = [], []
   for i in range(n):
     titles.append(" ".join(rng.choice(words, 2)).title() + f" {i}")
@@ -65,14 +62,14 @@ def write_strings(path, texts):
 
 def orqa_weights(rng, vocab_size):
   """A TF1 ORQA checkpoint's variables: query tower, reader BERT + MLM head, span scorer."""
-  h = tf1_helpers.HIDDEN
-  w = tf1_helpers.random_bert(rng, QUERY_BERT, vocab_size)
+  h = helpers.TF1_HIDDEN
+  w = helpers.random_bert(rng, QUERY_BERT, vocab_size)
   proj = "module/module/module/"
   w[proj + "dense/kernel"] = (rng.standard_normal([h, PROJECTION]) * 0.3).astype(np.float32)
   w[proj + "dense/bias"] = rng.standard_normal([PROJECTION]).astype(np.float32)
   w[proj + "LayerNorm/gamma"] = rng.standard_normal([PROJECTION]).astype(np.float32)
   w[proj + "LayerNorm/beta"] = rng.standard_normal([PROJECTION]).astype(np.float32)
-  w.update(tf1_helpers.random_bert(rng, READER_BERT, vocab_size))
+  w.update(helpers.random_bert(rng, READER_BERT, vocab_size))
   # Scales closer to a trained BERT's. LayerNorm gains of ~1 make the towers depend on their
   # inputs (at 0.1 every question retrieves the same beam and picks the same span), and GELU's
   # pre-activations reach |x| ~ 2, where Google's tanh GELU and the exact (erf) one differ.
@@ -97,32 +94,20 @@ def orqa_weights(rng, vocab_size):
   return w
 
 
-def write_tf1(weights, path):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  return tf1_helpers.write_tf1_checkpoint(weights, path)
-
-
 def run_cli(*args):
-  """``python -m realm_tf.binaries.index <args>`` -> the finished process."""
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "realm_tf.binaries.index", *args, "--noprogress"],
-                        capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+  """``realm-index <args>``, in this process -> the finished run."""
+  return helpers.run_cli("realm_tf.binaries.index", *args, "--noprogress")
 
 
 # ---- ORQA's networks in NumPy, from the TF1 tensors (orqa_model.py, ict_model.py). ----
-def erf_gelu(x):
-  """The exact GELU, which Google's BERT does not use (its "gelu" is the tanh form)."""
-  return 0.5 * x * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
-
-
 def np_query_embedding(w, question_ids, cls_id, sep_id):
   """The ``projected`` signature on ``[CLS] q [SEP]`` (no padding, segment 0, as ORQA's
   ``retrieve``): ``LayerNorm_1e-12(dense(pooled))``, the pooler ``tanh(dense(h_CLS))``."""
   ids = np.concatenate([[cls_id], question_ids, [sep_id]])[None]
-  _, pooled = tf1_helpers.np_bert(w, QUERY_BERT, ids, np.ones_like(ids), np.zeros_like(ids))
+  _, pooled = helpers.np_bert(w, QUERY_BERT, ids, np.ones_like(ids), np.zeros_like(ids))
   p = "module/module/module/"
   projected = pooled[0] @ w[p + "dense/kernel"] + w[p + "dense/bias"]
-  return tf1_helpers.layer_norm(projected, w[p + "LayerNorm/gamma"], w[p + "LayerNorm/beta"])
+  return helpers.layer_norm(projected, w[p + "LayerNorm/gamma"], w[p + "LayerNorm/beta"])
 
 
 def np_span_logits(w, question_ids, block_ids, cls_id, sep_id):
@@ -132,7 +117,7 @@ def np_span_logits(w, question_ids, block_ids, cls_id, sep_id):
   ids = np.concatenate([[cls_id], question_ids, [sep_id], block_ids, [sep_id]])[None]
   offset = len(question_ids) + 2
   types = (np.arange(ids.shape[1]) >= offset).astype(np.int64)[None]
-  sequence, _ = tf1_helpers.np_bert(w, READER_BERT, ids, np.ones_like(ids), types)
+  sequence, _ = helpers.np_bert(w, READER_BERT, ids, np.ones_like(ids), types)
   projection = sequence[0] @ w["reader/dense/kernel"] + w["reader/dense/bias"]
   start_half, end_half = projection[:, :SPAN_HIDDEN], projection[:, SPAN_HIDDEN:]
   n = len(block_ids)
@@ -140,7 +125,7 @@ def np_span_logits(w, question_ids, block_ids, cls_id, sep_id):
   starts = np.array([offset + s for s, _ in spans])
   ends = np.array([offset + e for _, e in spans])
   hidden = np.maximum(start_half[starts] + end_half[ends], 0.0)
-  hidden = tf1_helpers.layer_norm(hidden, w["reader/layer_normalization/gamma"],
+  hidden = helpers.layer_norm(hidden, w["reader/layer_normalization/gamma"],
                                   w["reader/layer_normalization/beta"], eps=1e-3)
   logits = hidden @ w["reader/dense_1/kernel"][:, 0] + w["reader/dense_1/bias"][0]
   return spans, logits
@@ -183,10 +168,8 @@ def span_words(body, start, end):
 
 
 def run_eval(*args):
-  """``python -m realm_tf.binaries.eval <args>`` -> the finished process."""
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-  return subprocess.run([sys.executable, "-m", "realm_tf.binaries.eval", *args, "--noprogress"],
-                        capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+  """``realm-eval <args>``, in this process -> the finished run."""
+  return helpers.run_cli("realm_tf.binaries.eval", *args, "--noprogress")
 
 
 class ReleasedRouteTest(tf.test.TestCase):
@@ -197,20 +180,21 @@ class ReleasedRouteTest(tf.test.TestCase):
     cls.root = tempfile.mkdtemp()
     join = lambda *p: os.path.join(cls.root, *p)
     cls.vocab_file = join("vocab.txt")
-    vocab_size = tf1_helpers.write_vocab(cls.vocab_file)
+    vocab_size = helpers.write_tf1_vocab(cls.vocab_file)
     cls.config_file = join("bert_config.json")
     with open(cls.config_file, "w") as f:
-      json.dump(tf1_helpers.bert_config(vocab_size), f)
+      json.dump(helpers.bert_config(vocab_size), f)
     cls.titles, cls.bodies = make_texts(NUM_BLOCKS)
     cls.blocks_tfr = write_strings(join("blocks.tfr"), cls.bodies)
     cls.titles_tfr = write_strings(join("titles.tfr"), cls.titles)
     rng = np.random.default_rng(0)
     cls.weights = orqa_weights(rng, vocab_size)
-    cls.orqa_ckpt = write_tf1(cls.weights, join("tf1", "orqa", "model.ckpt"))
+    cls.orqa_ckpt = helpers.write_tf1_checkpoint(cls.weights,
+                                                 join("tf1", "orqa", "model.ckpt"))
     # Retriever logits of the size of the span scores: the best span is not always in the top
     # block.
     cls.block_emb = (rng.standard_normal([NUM_BLOCKS, PROJECTION]) * 0.3).astype(np.float32)
-    cls.block_emb_ckpt = write_tf1(
+    cls.block_emb_ckpt = helpers.write_tf1_checkpoint(
         {"block_emb": cls.block_emb}, join("tf1", "encoded", "encoded.ckpt"))
     cls.model_dir = join("orqa_converted")
     checkpoint_convert.convert([cls.orqa_ckpt], cls.config_file, cls.vocab_file, cls.model_dir,
@@ -254,15 +238,15 @@ class ReleasedRouteTest(tf.test.TestCase):
     self.assertAllEqual(saved, self.block_emb)
 
   def test_block_emb_checkpoint_is_checked(self):
-    wrong = write_tf1(
+    wrong = helpers.write_tf1_checkpoint(
         {"block_emb": np.zeros([3, PROJECTION + 1], np.float32)},
         os.path.join(self.dir, "wrong", "ckpt"))
     with self.assertRaisesRegex(checkpoint_convert.ConversionError,
                                 r"block_emb has shape \[3, 129\]"):
       checkpoint_convert.convert([self.orqa_ckpt], self.config_file, self.vocab_file,
                                  os.path.join(self.dir, "out"), block_emb_checkpoint=wrong)
-    none = write_tf1({"other": np.zeros([2], np.float32)},
-                                            os.path.join(self.dir, "none", "ckpt"))
+    none = helpers.write_tf1_checkpoint({"other": np.zeros([2], np.float32)},
+                                        os.path.join(self.dir, "none", "ckpt"))
     with self.assertRaisesRegex(checkpoint_convert.ConversionError, "no variable 'block_emb'"):
       checkpoint_convert.convert([self.orqa_ckpt], self.config_file, self.vocab_file,
                                  os.path.join(self.dir, "out"), block_emb_checkpoint=none)
@@ -340,9 +324,11 @@ class ReleasedRouteTest(tf.test.TestCase):
   def test_cli_import_build_and_search(self):
     blocks_dir = os.path.join(self.dir, "blocks")
     index_dir = os.path.join(self.dir, "index")
-    proc = run_cli("import", f"--blocks_tfr={self.blocks_tfr}", f"--titles_tfr={self.titles_tfr}",
-                   f"--vocab_file={self.vocab_file}", f"--blocks_dir={blocks_dir}",
-                   "--num_shards=2")
+    # realm-index's smoke test as a process of its own (its other runs are in this process).
+    proc = helpers.run_process(
+        "realm_tf.binaries.index", "import", f"--blocks_tfr={self.blocks_tfr}",
+        f"--titles_tfr={self.titles_tfr}", f"--vocab_file={self.vocab_file}",
+        f"--blocks_dir={blocks_dir}", "--num_shards=2", "--noprogress")
     self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
     self.assertIn(f"wrote 40 blocks in 2 shards to {blocks_dir}", proc.stdout)
     manifest = manifests.load_blocks_manifest(blocks_dir)
@@ -450,7 +436,7 @@ class ReleasedRouteTest(tf.test.TestCase):
     for encoder in (qa.model.query_embedder.encoder, qa.model.reader.encoder):
       for layer in encoder.transformer_layers:
         gelu = layer._intermediate_activation_layer  # pylint: disable=protected-access
-        self.assertAllClose(gelu(x), tf1_helpers.gelu(x.numpy()), rtol=0, atol=1e-6)
+        self.assertAllClose(gelu(x), helpers.gelu(x.numpy()), rtol=0, atol=1e-6)
 
     texts = self.QUESTIONS
     questions = [inputs_lib.Question(q, ["paris"]) for q in texts]
@@ -504,7 +490,7 @@ class ReleasedRouteTest(tf.test.TestCase):
     tokenizer = RealmTokenizer(self.vocab_file)
     block_ids = tokenizer.tokenize([self.bodies[beams[0, 0]]]).flat_values.numpy()
     w = {k: v.astype(np.float64) for k, v in self.weights.items()}
-    with mock.patch.object(tf1_helpers, "gelu", erf_gelu):
+    with mock.patch.object(helpers, "gelu", helpers.gelu_erf):
       spans, erf_logits = np_span_logits(w, ref["question_ids"][0], block_ids,
                                          tokenizer.cls_id, tokenizer.sep_id)
     ours = model_span_logits(0, 0)

@@ -7,6 +7,7 @@ import time
 
 from absl.testing import parameterized
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from realm_tf.retrieval import errors
@@ -283,9 +284,16 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     self.assertAllEqual(handle.embeddings()[[3, 7]], second[[3, 7]])
     self.assertAllEqual(table[[3, 7]], first[[3, 7]])  # The old map stays valid.
 
+  @pytest.mark.slow
   def test_default_recall_on_100k_random_vectors(self):
     """Acceptance: recall@10 >= 0.95 with the default settings, 100,000 x 128 Gaussian."""
     self._check_default_recall(100_000)
+
+  def test_default_recall_on_20k_random_vectors(self):
+    """The 100k test's fast sibling: the same build and check at the smallest size that gets
+    the tree (ScannSettings.tree_above), 20,000 x 128 Gaussian."""
+    self.assertEqual(mips_index.ScannSettings().tree_above, 20_000)
+    self._check_default_recall(20_000)
 
   def _check_default_recall(self, n):
     emb, queries = _random(n, 128), _random(200, 128, seed=1)
@@ -295,6 +303,7 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     exact_ids, _ = mips_index.BruteForceIndex(emb).search(queries, 10)
     ids, _ = index.search(queries, 10)
     recall = mips_index.recall_at_k(ids, exact_ids)
+    self.assertEqual(index.settings()["mode"], "tree_ah")
     print(f"ScaNN default settings on {n} x 128 random: recall@10 {recall:.4f}, "
           f"build {build:.1f}s, settings {index.settings()}")
     self.assertGreaterEqual(recall, 0.95)

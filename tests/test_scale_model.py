@@ -1,10 +1,6 @@
 """Tests of ``experiments/scale_model.py``: its FLOP and parameter counts against independent
 counts, its scaling arithmetic on a hand-computed example, and ``--quick`` end to end."""
 
-import os
-import subprocess
-import sys
-
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
@@ -14,7 +10,7 @@ from experiments import scale_model as sm
 from realm_tf import configs
 from realm_tf.modeling import factory
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import helpers
 
 
 def _einsum_flops(equation, shapes):
@@ -196,11 +192,9 @@ class ScalingTest(tf.test.TestCase):
 
 
 def test_quick_end_to_end(tmp_path):
+  """``python -m experiments.scale_model --quick``, in this process."""
   out = tmp_path / "scale.md"
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  result = subprocess.run([sys.executable, "-m", "experiments.scale_model", "--quick",
-                           f"--output={out}"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+  result = helpers.run_cli("experiments.scale_model", "--quick", f"--output={out}")
   assert result.returncode == 0, result.stderr[-3000:]
   text = out.read_text()
   assert text in result.stdout

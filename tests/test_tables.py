@@ -1,15 +1,24 @@
-"""The table runner: its statistics against direct computations, its outputs, and a smallest run."""
+"""The table runner: its statistics against direct computations, its outputs, and a smallest run.
+
+The smallest runs (Table 3 alone, every table) are in the slow tier; by default Table 3's
+probabilities run through the same code on the demo's data with random-weight models.
+"""
 
 import csv
 import json
 import math
+import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 
+from experiments import demo
 from experiments import tables
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.modeling.models import RealmPretrainer
+
+import helpers
 
 
 def test_mean_ci_is_student_t():
@@ -75,16 +84,44 @@ def test_render_every_table_and_the_plot(tmp_path):
 
 
 def _smallest_run(out, table, seeds):
-  proc = subprocess.run(
-      [sys.executable, "-m", "experiments.tables", f"--output_dir={out}", f"--table={table}",
-       f"--seeds={seeds}", "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4",
-       "--distractor_steps=3", "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--validation_every=3",
-       "--openqa_steps=3", "--qa_test_fraction=0.3", "--eval_fraction=0.3"],
-      capture_output=True, text=True, timeout=1800, check=False)
+  proc = helpers.run_process(
+      "experiments.tables", f"--output_dir={out}", f"--table={table}",
+      f"--seeds={seeds}", "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4",
+      "--distractor_steps=3", "--ict_steps=4", "--realm_steps=6", "--refresh_every=3",
+      "--validation_every=3", "--openqa_steps=3", "--qa_test_fraction=0.3",
+      "--eval_fraction=0.3", timeout=1800)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return json.loads((out / "runs.json").read_text())["seeds"]
 
 
+def _random_model_dir(path, vocab):
+  """A REALM model directory (model config, vocabulary, ckpt-1) of random weights in the
+  demo's shapes (realm_pretrain_cpu with its __demo.yaml)."""
+  params = configs.load_experiment(
+      "realm_pretrain_cpu", [os.path.join(demo.CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
+      f"task.model.vocab_file={vocab},task.model.retriever.encoder.vocab_size="
+      f"{demo.vocab_size(vocab)},task.model.reader.encoder.vocab_size={demo.vocab_size(vocab)}")
+  model = RealmPretrainer.from_config_dataclass(params.task.model)
+  for tower in (model.query_embedder, model.block_embedder, model.reader):
+    tower.build_from_length()
+  model_dir_lib.write_metadata(path, params.task.model, vocab)
+  model_dir_lib.make_checkpoint(**model.checkpoint_items).save(os.path.join(path, "ckpt"))
+  return path
+
+
+def test_table3_probabilities_on_the_demo_data(demo_world, tmp_path):
+  """test_table3_smallest_run's fast sibling: Table 3's probabilities (the same function) on the
+  demo's data at the same world scale, from a REALM model and a "BERT" reader of random weights
+  instead of trained ones (the training runs are test_realm_training's)."""
+  data = dict(files=demo_world["files"], dirs=demo_world["prepared"]["dirs"])
+  vocab = data["files"]["vocab"]
+  rows = tables.table3_probabilities(data, _random_model_dir(str(tmp_path / "realm"), vocab),
+                                     _random_model_dir(str(tmp_path / "bert"), vocab))
+  assert rows and all(0 <= r[k] <= 1 for r in rows for k, _ in tables.TABLE3_COLUMNS)
+  assert all(r["answer"] in r["sentence"] and r["answer"] in r["gold_block"] for r in rows)
+
+
+@pytest.mark.slow
 def test_table3_smallest_run(tmp_path):
   """Table 3 end to end at the smallest size: data, warm starts, REALM beside its refresher
   (validated during training: the plot's curves), the probabilities."""
@@ -115,7 +152,7 @@ def test_every_table_smallest_run(tmp_path):
 
 
 def test_paper_scale_prints_the_recipe():
-  proc = subprocess.run([sys.executable, "-m", "experiments.tables", "--scale=paper"],
-                        capture_output=True, text=True, timeout=300, check=False)
+  """The table runner's smoke test as a process of its own."""
+  proc = helpers.run_process("experiments.tables", "--scale=paper")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "realm-convert" in proc.stdout and "33.3 / 36.4 / 30.1" in proc.stdout
