@@ -45,14 +45,14 @@ def test_flags_override_the_yaml_files(tmp_path):
   first.write_text("index_type: brute_force\nscann: {target_recall: 0.9, num_leaves: 30}\n")
   second.write_text("recall_queries: 7\nscann: {num_leaves: 50}\n")
   try:
-    _parse([f"--config_file={first}", f"--config_file={second}", "--num_leaves=70",
+    _parse([f"--index_config={first}", f"--index_config={second}", "--num_leaves=70",
             "--target_recall=0", "--index_type=scann"])
     config = cli_flags.index_config_from_flags()
     assert (config.index_type, config.recall_queries) == ("scann", 7)  # flag, 2nd YAML
     assert config.scann.num_leaves == 70  # the flag over both files
     assert config.scann.target_recall is None  # 0 on the command line: no tuning
     assert config.scann.dimensions_per_block == 3  # the default
-    _parse([f"--config_file={first}"])
+    _parse([f"--index_config={first}"])
     config = cli_flags.index_config_from_flags()
     assert (config.index_type, config.scann.target_recall, config.scann.num_leaves) == (
         "brute_force", 0.9, 30)  # flags not given do not override
@@ -60,7 +60,7 @@ def test_flags_override_the_yaml_files(tmp_path):
     assert options.index_config() == config and options.keep == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("scann: {leaves: 3}\n")
-    _parse([f"--config_file={bad}"])
+    _parse([f"--index_config={bad}"])
     with pytest.raises(configs.ConfigError, match="bad.yaml"):
       cli_flags.index_config_from_flags()
   finally:

@@ -30,7 +30,7 @@ r"""realm-index: build a MIPS index over a corpus once, and search it from the c
 
     # Index settings as YAML (an IndexConfig: index_type, recall_queries, scann: {...});
     # the flags override it.
-    realm-index build ... --config_file=index.yaml --target_recall=0.9
+    realm-index build ... --index_config=index.yaml --target_recall=0.9
 """
 
 import json

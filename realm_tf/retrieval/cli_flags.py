@@ -1,7 +1,7 @@
 """Flags shared by ``realm-index`` and ``realm-refresh`` for how an index is built.
 
 The settings are an ``IndexConfig`` (``realm_tf.configs``): its defaults, then each
-``--config_file`` YAML in order, then the flags given on the command line.
+``--index_config`` YAML in order, then the flags given on the command line.
 """
 
 import math
@@ -26,7 +26,7 @@ def define_build_flags() -> None:
   """Defines the index-building flags (call once, at import time of a binary)."""
   defaults = configs.IndexConfig()
   scann = defaults.scann
-  flags.DEFINE_multi_string("config_file", [],
+  flags.DEFINE_multi_string("index_config", [],
                             "YAML of an IndexConfig (index_type, batch_size, recall_queries, "
                             "scann: {...}); later files and the flags below override it.")
   flags.DEFINE_enum("index_type", defaults.index_type, ["scann", "brute_force"],
@@ -71,9 +71,9 @@ def _flag_value(name: str):
 
 
 def index_config_from_flags() -> configs.IndexConfig:
-  """The ``IndexConfig``: defaults, ``--config_file`` YAMLs, then the flags given."""
+  """The ``IndexConfig``: defaults, ``--index_config`` YAMLs, then the flags given."""
   config = configs.IndexConfig()
-  for path in flags.FLAGS.config_file:
+  for path in flags.FLAGS.index_config:
     try:
       config = hyperparams.override_params_dict(config, path, is_strict=True)
     except KeyError as e:
