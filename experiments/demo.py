@@ -388,6 +388,12 @@ def main(argv):
     print(f"{label:38s} {r['before']['top_5_match']:13.3f} "
           f"{r['before']['official_exact_match']:10.3f} "
           f"{r['after']['official_exact_match']:9.3f} {r['after']['top_5_match']:11.3f}")
+  ict_r5, realm_r5 = (qa_rows[labels[k]]["before"]["top_5_match"]
+                      for k in ("openqa_orqa", "openqa_realm"))
+  print(f"Zero-shot QA recall@5 (a top-5 block holds an answer, before fine-tuning): "
+        f"ICT start {ict_r5:.3f}, REALM {realm_r5:.3f} "
+        f"({'REALM higher' if realm_r5 > ict_r5 else 'REALM not higher'}; {num_test} "
+        f"questions, one run)")
   print("=" * 78)
   elapsed = time.time() - start
   _say(f"finished in {elapsed / 60:.1f} min; results in {out}/results.json")
