@@ -376,14 +376,19 @@ def _trainer(train_steps, learning_rate, checkpoint_interval, summary_interval):
 
 def resolve_schedule(params: cfg.ExperimentConfig) -> None:
   """Sets the schedule's unset lengths from ``trainer.train_steps``: the polynomial decay runs
-  over all the steps and the warm-up is BERT's (``bert_warmup_steps``)."""
+  over all the steps and the warm-up is BERT's (``bert_warmup_steps``; a tenth of the steps
+  where BERT's 100-step minimum would outlast the whole run)."""
   steps = params.trainer.train_steps
   optimizer = params.trainer.optimizer_config
   if optimizer.learning_rate.type == "polynomial":
     if optimizer.learning_rate.polynomial.decay_steps is None:
       optimizer.learning_rate.polynomial.decay_steps = steps
   if optimizer.warmup.type == "linear" and optimizer.warmup.linear.warmup_steps is None:
-    optimizer.warmup.linear.warmup_steps = bert_warmup_steps(steps)
+    warmup = bert_warmup_steps(steps)
+    # Model Garden's warm-up ramps to the decayed rate at its own last step, which is 0 when
+    # the warm-up outlasts the decay: a run of at most 100 steps would never move. Such runs
+    # warm up over a tenth of their steps, BERT's ratio.
+    optimizer.warmup.linear.warmup_steps = warmup if warmup < steps else steps // 10
 
 
 def _runtime(scale: str) -> cfg.RuntimeConfig:

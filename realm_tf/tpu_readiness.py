@@ -35,6 +35,8 @@ import numpy as np
 import tensorflow as tf
 from official.modeling.optimization.configs import optimization_config
 
+from realm_tf import errors
+
 TPU_DTYPES = (tf.int32, tf.float32, tf.bfloat16)
 # The optimizer of the checks: plain SGD, so that a weight updated by a compiled step and by an
 # uncompiled one differ by 0.1 x the difference of their gradients. (Adam's first update,
@@ -52,9 +54,10 @@ WEIGHT_ATOL = 2e-5
 UPDATE_RTOL = 1e-3
 
 
-class NotTpuReadyError(Exception):
-  """Inputs or a step that a TPU cannot run (each problem is named). A plain ``Exception``
-  subclass, so that raised while a step is traced it keeps its type through AutoGraph."""
+class NotTpuReadyError(errors.RealmError):
+  """Inputs or a step that a TPU cannot run (each problem is named). Derives from no built-in
+  exception but ``Exception`` (through ``RealmError``), so that raised while a step is traced it
+  keeps its type through AutoGraph."""
 
 
 def _specs(features, prefix: str = ""):

@@ -350,7 +350,7 @@ def tiny_config(share=True):
   enc = configs.bert_tiny(VOCAB, 16)
   enc.override(dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.5))
   return configs.RealmModelConfig(
-      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, share_embedders=share,
+      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, projection_dropout=0.0, share_embedders=share,
                                         query_seq_length=LQ, block_seq_length=LB),
       reader=configs.ReaderConfig(encoder=enc, seq_length=LR), num_candidates=K, max_masks=M)
 

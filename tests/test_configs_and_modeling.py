@@ -146,11 +146,20 @@ class FaithfulTrainingTest(tf.test.TestCase, parameterized.TestCase):
   def test_bert_warmup_for_every_experiment(self, name):
     """BERT's create_optimizer as REALM and ORQA call it: min(10000, max(100, steps / 10))
     warm-up steps, over the final train_steps (after overrides); decay over all of them."""
-    for steps in (50, 500, 6000, 150_000):
+    for steps in (500, 6000, 150_000):
       params = configs.load_experiment(name, params_override=f"trainer.train_steps={steps}")
       optimizer = params.trainer.optimizer_config
       self.assertEqual(optimizer.warmup.linear.warmup_steps, min(10000, max(100, steps // 10)))
       self.assertEqual(optimizer.learning_rate.polynomial.decay_steps, steps)
+    # A run no longer than BERT's 100-step minimum warms up over a tenth of its steps: Model
+    # Garden's warm-up would ramp to the rate decayed to 0 and the run would never move.
+    from official.modeling import optimization  # pylint: disable=g-import-not-at-top
+    for steps in (4, 50, 100):
+      params = configs.load_experiment(name, params_override=f"trainer.train_steps={steps}")
+      optimizer = params.trainer.optimizer_config
+      self.assertEqual(optimizer.warmup.linear.warmup_steps, steps // 10)
+      lr = optimization.OptimizerFactory(optimizer).build_learning_rate()
+      self.assertGreater(float(lr(steps // 2)), 0.0)
     # A warm-up set explicitly stays.
     params = configs.load_experiment(
         name, params_override="trainer.optimizer_config.warmup.linear.warmup_steps=7")

@@ -128,7 +128,7 @@ def tiny_config(lb=10, lr=18):
   enc = configs.bert_tiny(40, 16)
   enc.override(dict(dropout_rate=0.0, attention_dropout_rate=0.0, initializer_range=0.5))
   return configs.RealmModelConfig(
-      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, query_seq_length=8,
+      retriever=configs.RetrieverConfig(encoder=enc, projection_size=8, projection_dropout=0.0, query_seq_length=8,
                                         block_seq_length=lb),
       reader=configs.ReaderConfig(encoder=enc, seq_length=lr), num_candidates=4, max_masks=2)
 

@@ -108,7 +108,7 @@ def tiny(tmp_path_factory):
   config = configs.RealmModelConfig(
       retriever=configs.RetrieverConfig(
           encoder=configs.bert_tiny(size, 32, dropout_rate=0.0), projection_size=DIM,
-          share_embedders=False, query_seq_length=LQ),
+          projection_dropout=0.0, share_embedders=False, query_seq_length=LQ),
       reader=configs.ReaderConfig(encoder=configs.bert_tiny(size, 32, dropout_rate=0.0),
                                   openqa_seq_length=LR, span_hidden_size=8,
                                   max_span_width=WIDTH),
