@@ -560,7 +560,7 @@ def render(out: str, runs: Dict, tables: Sequence[str], setting: str) -> str:
 
 def paper_scale() -> None:
   """The paper-scale sequence of commands (TPU; nothing runs here)."""
-  print("""Paper scale (Cloud TPU; see README "Reproducing the paper"):
+  print("""Paper scale (Cloud TPU; see README "On Cloud TPU"):
   1. realm-convert --tf1_checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \\
        --bert_config=uncased_L-12_H-768_A-12/bert_config.json \\
        --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --output_dir=$B/converted/bert_base

@@ -10,7 +10,7 @@ YAML, and ``override`` refuses unknown keys. Named experiments are registered wi
                                      params_override="task.model.num_candidates=4")
 
 The registered names and their one-line descriptions are in ``EXPERIMENTS``
-(``realm-train --helpfull`` and the README list them too).
+(``realm-train --helpfull`` lists them too).
 """
 
 import dataclasses
@@ -624,4 +624,4 @@ def check_init_checkpoints(name: str, params: cfg.ExperimentConfig,
     wanted = " (or " + " and ".join(f"task.{k}" for k in alternatives[1]) + ")" if len(
         alternatives) > 1 else ""
     raise ConfigError(f"{name} starts from trained weights but task.{keys}{wanted} {state}; "
-                      "set it (README: Reproducing the paper) or pass --allow_random_init")
+                      "set it (README: On Cloud TPU) or pass --allow_random_init")

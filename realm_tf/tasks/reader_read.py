@@ -3,7 +3,7 @@
 The paper's reader starts from BERT, which already fills a mask from a passage that holds the
 answer. A toy reader trained from scratch on the corpus it is evaluated on memorizes the facts
 instead, and then gains nothing from a retrieved block, so REALM's retriever gets no signal
-(README, "How the demo's reader came to read"). This task teaches the reader to read on *other*
+(experiments/NOTES.md, section 2). This task teaches the reader to read on *other*
 corpora, where memorizing does not pay: the demo uses worlds with the same names and other
 facts (``synthetic_world.generate_world(name_seed=...)``).
 
