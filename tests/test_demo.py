@@ -97,3 +97,7 @@ def test_demo_runs_every_stage(tmp_path):
   assert (out / "openqa_realm" / "best_ckpt" / "info.json").exists()
   assert "Open-QA on the synthetic world" in proc.stdout
   assert "REALM demo on the synthetic world" in proc.stdout
+  # The zero-shot line reports the two "before fine-tuning" top-5 matches of the table above.
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("Zero-shot QA recall@5"))
+  before = [qa[k]["before"]["top_5_match"] for k in qa]
+  assert f"ICT start {before[0]:.3f}, REALM {before[1]:.3f}" in line
