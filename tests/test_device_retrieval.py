@@ -5,6 +5,7 @@ import hashlib
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from data_prep import blocks as blocks_pipeline
 from data_prep import synthetic_world
@@ -47,7 +48,9 @@ def host_inputs(retriever, examples, source_uids=None):
 
 
 def perturbed(config, seed=0):
-  """A model whose towers tell blocks apart (untrained ones score them all alike)."""
+  """A model whose towers tell blocks apart (untrained ones score them all alike). Seeded, so
+  that its weights do not depend on which tests ran before in the process."""
+  tf_keras.utils.set_random_seed(seed)
   model = RealmPretrainer.from_config_dataclass(config)
   rng = np.random.default_rng(seed)
   for v in model.query_embedder.trainable_variables + model.block_embedder.trainable_variables:
