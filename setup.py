@@ -15,6 +15,8 @@ INSTALL_REQUIRES = [
     "mwparserfromhell",
     # Hugging Face checkpoints (realm-convert --hf_dir), read into NumPy without torch.
     "safetensors>=0.4",
+    # BM25, the lexical baseline of experiments/real_text.py (sparse matrices, NumPy only).
+    "bm25s==0.3.*",
     "tqdm",
     "absl-py",
     "numpy",

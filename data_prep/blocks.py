@@ -1,8 +1,9 @@
 """Corpus -> retrieval blocks: the Beam pipeline and the per-article functions behind it.
 
 Input (``--input``): a MediaWiki XML dump (``.xml``, ``.xml.bz2``, a glob of several), JSON lines
-``{"title", "text"}`` (``.jsonl``/``.json``, a glob), or a prepared TFDS Wikipedia split written as
-``tfds:<name>[:<split>]`` (e.g. ``tfds:wikipedia/20230601.en:train``).
+``{"title", "text"}`` (``.jsonl``/``.json``, a glob), both in a comma list (each file read by its
+kind), or a prepared TFDS Wikipedia split written as ``tfds:<name>[:<split>]`` (e.g.
+``tfds:wikipedia/20230601.en:train``).
 
 Per article: wiki markup is cleaned (``data_prep.wiki``), redirects, non-article namespaces and
 (as ORQA does; ``--keep_list_pages`` keeps them) list / index / outline / disambiguation pages are
@@ -54,7 +55,10 @@ class CorpusInputError(manifests.DataError):
 # ----------------------------------------------------------------------------------- input --
 
 def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
-  """``input_spec`` -> ``(kind, files)``, kind in ``xml``, ``jsonl``, ``tfds``.
+  """``input_spec`` -> ``(kind, files)``, kind in ``xml``, ``jsonl``, ``mixed``, ``tfds``.
+
+  ``mixed``: XML dumps and JSON lines together (a dump slice plus documents of another source in
+  one corpus); each file is then read by its own kind (:func:`file_kind`).
 
   Raises CorpusInputError / FileNotFoundError with the spec in the message when nothing matches.
   """
@@ -68,13 +72,12 @@ def resolve_input(input_spec: str) -> Tuple[str, List[str]]:
     if not matched:
       raise FileNotFoundError(f"corpus input not found: {spec}")
     files.extend(matched)
-  kinds = {_file_kind(f) for f in files}
-  if len(kinds) != 1:
-    raise CorpusInputError(f"corpus files must be all XML dumps or all JSON lines, got {files}")
-  return kinds.pop(), files
+  kinds = {file_kind(f) for f in files}
+  return (kinds.pop() if len(kinds) == 1 else "mixed"), files
 
 
-def _file_kind(path: str) -> str:
+def file_kind(path: str) -> str:
+  """``xml`` or ``jsonl`` from a corpus file's name (``.bz2``/``.gz`` looked through)."""
   name = path.lower()
   for suffix in (".bz2", ".gz"):
     if name.endswith(suffix):
@@ -221,8 +224,8 @@ def build_blocks_pipeline(p, input_spec: str, vocab_file: str, tmp_dir: str,
   if kind == "tfds":
     records = _read_tfds(p, files[0])
   else:
-    records = (p | "Files" >> beam.Create(files)
-               | "ReadRecords" >> beam.FlatMap(read_corpus_file, kind=kind)
+    records = (p | "Files" >> beam.Create([(f, file_kind(f)) for f in files])
+               | "ReadRecords" >> beam.FlatMapTuple(read_corpus_file)
                | "Distribute" >> beam.Reshuffle())
   docs = records | "ToBlocks" >> beam.ParDo(ArticleToBlocksFn(
       vocab_file, lower_case, block_seq_length, drop_list_pages)).with_outputs(

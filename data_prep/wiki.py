@@ -184,7 +184,33 @@ def clean_wikitext(wikitext: str) -> str:
   """
   out: List[str] = []
   _render(mwparserfromhell.parse(wikitext).nodes, out)
-  return normalize_plain_text("".join(out))
+  return normalize_plain_text(drop_unparsed_tags("".join(out)))
+
+
+# A dropped element (``<ref>...</ref>`` on one line, ``<ref name=x/>``) or an HTML tag that the
+# parser left as text, as rendered text shows it.
+_UNPARSED_DROPPED = re.compile(
+    r"<\s*(%s)\b[^<>\n]*/\s*>|<\s*(%s)\b[^<>\n]*>[^\n]*?<\s*/\s*\2\s*>" % (
+        "|".join(_DROP_TAGS), "|".join(_DROP_TAGS)), re.IGNORECASE)
+_HTML_TAGS = _DROP_TAGS + (
+    "small", "big", "span", "sup", "sub", "b", "i", "u", "s", "em", "strong", "font", "center",
+    "blockquote", "br", "hr", "p", "code", "abbr", "cite", "poem", "section", "onlyinclude",
+    "includeonly", "noinclude", "var", "del", "ins", "tt", "li", "ul", "ol", "dl", "dt", "dd")
+_UNPARSED_TAG = re.compile(r"<\s*/?\s*(%s)\b[^<>\n]*>" % "|".join(_HTML_TAGS), re.IGNORECASE)
+
+
+def drop_unparsed_tags(text: str) -> str:
+  """Removes the markup that mwparserfromhell left as plain text.
+
+  On malformed wikitext the parser gives up on a tag and returns its markup as text: in the
+  enwiki dump, ``<ref>[[Simon Critchley#Infinitely Demanding|Infinitely Demanding]]'' by ...
+  </ref>`` (an unmatched ``''`` inside the reference) came out as ``<ref>Infinitely Demanding by
+  Simon Critchley. Verso. 2007. p. 125</ref>`` in the middle of a sentence. Such an element of
+  a dropped tag (``ref``, ``table``, ...) is removed with its content; any other tag left as text
+  (``<small>``, ``</span>``) loses its markup and keeps its content.
+  """
+  text = _UNPARSED_DROPPED.sub("", text)
+  return _UNPARSED_TAG.sub("", text)
 
 
 _MARKUP_LEFTOVERS = re.compile(r"'{2,}|^[*#:;]+\s*|^\s*\{\|.*$|^\s*\|.*$|^\s*!.*$|__[A-Z]+__",

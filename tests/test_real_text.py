@@ -1,0 +1,178 @@
+"""The real-text retrieval comparison (experiments/real_text.py) end to end at a tiny size, and
+the failures real text showed, each on a short real snippet."""
+
+import csv
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from data_prep import blocks
+from data_prep import squad
+from data_prep import wiki
+from experiments import assets
+from experiments import real_text
+from realm_tf.openqa import inputs as inputs_lib
+
+# From the enwiki dump's Anarchism page (assets/wikipedia): the reference holds an unmatched
+# '' (closing an italic that never opened), which pairs with the next line's '' and makes
+# mwparserfromhell give up on the <ref> tag: its markup and content came out as text.
+CRITCHLEY = (
+    "it is an ethical outrage at the yawning inequality, impoverishment and disenfranchisment "
+    "that is so palpable locally and globally.\"<ref>[[Simon Critchley#Infinitely Demanding|"
+    "Infinitely Demanding]]'' by [[Simon Critchley]]. [[Verso Books|Verso]]. 2007. p. 125</ref>\n"
+    "In 1793, [[William Godwin]], who has often<ref name=\"Everhart, Robert B 1982. p. 115\"/> "
+    "been cited as the first anarchist, wrote ''[[Political Justice]]'', which some consider the "
+    "first expression of anarchism.")
+
+
+def test_reference_left_unparsed_is_dropped():
+  text = wiki.clean_wikitext(CRITCHLEY)
+  assert text == (
+      "it is an ethical outrage at the yawning inequality, impoverishment and disenfranchisment "
+      "that is so palpable locally and globally.\"\nIn 1793, William Godwin, who has often been "
+      "cited as the first anarchist, wrote Political Justice, which some consider the first "
+      "expression of anarchism.")
+  # Tags left as text: a dropped element goes with its content, others keep their content;
+  # angle brackets that are no tag stay.
+  assert wiki.drop_unparsed_tags("a <small>b</small> c<ref name=x/> d<ref>e</ref> 3 < 4 > 2") == (
+      "a b c d 3 < 4 > 2")
+
+
+def test_squad_titles_are_display_titles():
+  # SQuAD v1.1 dev's URL-form titles.
+  assert squad.display_title("Fresno,_California") == "Fresno, California"
+  assert squad.display_title("Sky_(United_Kingdom)") == "Sky (United Kingdom)"
+  assert squad.display_title("Beyonc%C3%A9") == "Beyoncé"
+  # BM25's words: the underscore form hides the title's words from every question.
+  words = real_text.bm25_tokens(["Super_Bowl_50", squad.display_title("Super_Bowl_50")])
+  assert words == [["super_bowl_50"], ["super", "bowl", "50"]]
+
+
+def test_squad_questions_and_split():
+  articles = squad.read_squad(str(assets.SQUAD_DEV))
+  assert len(articles) == 48
+  title, first = next(squad.questions(articles))
+  assert title == "Super Bowl 50"
+  assert first.question == "Which NFL team represented the AFC at Super Bowl 50?"
+  assert first.answers == ["Denver Broncos"]  # three annotators, one distinct answer
+  # MD5 of the title, pinned: the split never changes between machines or runs.
+  assert [squad.split_of(t) for t in ("Super Bowl 50", "Normans", "Nikola Tesla")] == [
+      "dev", "train", "test"]
+  with pytest.raises(squad.SplitError):
+    squad.split_of("Normans", (0.5, 0.5, 0.5))
+
+
+def test_mixed_corpus_input(tmp_path):
+  jsonl = tmp_path / "docs.jsonl"
+  jsonl.write_text('{"title": "a", "text": "b"}\n')
+  kind, files = blocks.resolve_input(f"{jsonl},{assets.ENWIKI_DUMP}")
+  assert kind == "mixed"
+  assert [blocks.file_kind(f) for f in files] == ["jsonl", "xml"]
+  assert blocks.resolve_input(str(jsonl))[0] == "jsonl"
+
+
+def reference_bm25(documents, queries, k1=1.5, b=0.75):
+  """Lucene's BM25 by its formula, scores ``[q, d]``, over the same words."""
+  docs = real_text.bm25_tokens(documents)
+  lengths = np.array([len(d) for d in docs], float)
+  average = lengths.mean()
+  df = {}
+  for d in docs:
+    for w in set(d):
+      df[w] = df.get(w, 0) + 1
+  scores = np.zeros([len(queries), len(docs)])
+  for qi, query in enumerate(real_text.bm25_tokens(queries)):
+    for w in query:
+      if w not in df:
+        continue
+      idf = math.log(1 + (len(docs) - df[w] + 0.5) / (df[w] + 0.5))
+      for di, d in enumerate(docs):
+        tf = d.count(w)
+        scores[qi, di] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[di] / average))
+  return scores
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """Four SQuAD articles, four paragraphs each, and the dump's first page (a redirect)."""
+  out = str(tmp_path_factory.mktemp("real_text"))
+  stages = real_text.run_experiment(out, max_articles=4, max_paragraphs=4, max_pages=1,
+                                    salient_spans=False, batch_size=8)
+  return out, stages
+
+
+def test_tiny_run_end_to_end(tiny_run):
+  out, stages = tiny_run
+  work = os.path.join(out, "work")
+  # The corpus: 16 SQuAD paragraphs, and the dump's page went through the same pipeline.
+  assert stages["corpus"]["squad_paragraphs"] == 16
+  assert stages["corpus"]["counts"]["drop:redirect"] == 1
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  got = manifests.read_blocks(os.path.join(work, "blocks"))
+  assert {b["title"] for b in got} == {"Super Bowl 50", "Warsaw", "Normans", "Nikola Tesla"}
+  assert all(len(b["token_ids"]) <= 288 for b in got)
+
+  # No article in two splits; every question file holds only its split's articles' questions.
+  split = stages["questions"]["articles"]
+  seen = [t for titles in split.values() for t in titles]
+  assert len(seen) == len(set(seen)) == 4
+  assert split["test"] == ["Nikola Tesla"]
+  test = real_text.test_questions(work, 0)
+  assert len(test) == stages["questions"]["questions"]["test"] == stages["bm25"][
+      "test_questions"] > 10
+
+  # BM25 against Lucene's formula computed here: the same top blocks, the same recall.
+  texts = [f"{b['title']}\n{b['body']}" for b in got]
+  want = reference_bm25(texts, [r.question for r in test])
+  top = np.load(os.path.join(work, "bm25", "top_ids.npy"))
+  for row, scores in zip(top, want):
+    np.testing.assert_allclose(scores[row], np.sort(scores)[::-1][:len(row)], rtol=1e-4,
+                               atol=1e-5)
+  ref_top = np.argsort(-want, axis=1, kind="stable")[:, :20]
+  bodies = [b["body"] for b in got]
+  assert real_text.recall_at(ref_top, bodies, test) == pytest.approx(
+      {k: v for k, v in stages["bm25"].items() if k.startswith("recall")})
+  # Recall is monotone in k, and at k >= the corpus it is the share of answerable questions.
+  r = stages["bm25"]
+  assert r["recall@1"] <= r["recall@5"] <= r["recall@20"]
+  if len(got) <= 20:
+    oracle = np.mean([any(inputs_lib.has_answer(body, q.answers) for body in bodies)
+                      for q in test])
+    assert r["recall@20"] == pytest.approx(oracle)
+
+
+def test_tiny_run_minilm_and_tables(tiny_run):
+  out, stages = tiny_run
+  work = os.path.join(out, "work")
+  test = real_text.test_questions(work, 0)
+  # The one encoder pass gives exactly the converted tower's own embeddings.
+  tower = real_text.TowerPass(os.path.join(work, "minilm_model"))
+  questions = [r.question for r in test[:3]]
+  want = tower.embedder.embed_queries(questions)
+  np.testing.assert_allclose(np.load(os.path.join(work, "minilm", "question_emb.npy"))[:3], want,
+                             atol=2e-4)
+  for name in ("realm", "mean"):
+    r = stages["minilm"][name]
+    assert 0.0 <= r["recall@1"] <= r["recall@5"] <= r["recall@20"] <= 1.0
+
+  with open(os.path.join(out, "results", "real_text_retrieval.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert [r["retriever"] for r in rows] == [real_text.BM25, real_text.MINILM,
+                                            real_text.MINILM_MEAN]
+  assert all(int(r["test_questions"]) == len(test) for r in rows)
+  assert float(rows[0]["recall@5"]) == pytest.approx(stages["bm25"]["recall@5"], abs=1e-4)
+  md = open(os.path.join(out, "results", "real_text_retrieval.md")).read()
+  assert "| BM25 |" in md and "Pending: ICT, REALM and Open-QA" in md
+
+  # A second run skips every stage; other options in the same directory are refused.
+  again = real_text.run_experiment(out, max_articles=4, max_paragraphs=4, max_pages=1,
+                                   salient_spans=False, batch_size=8)
+  assert again["bm25"] == stages["bm25"]
+  with pytest.raises(real_text.RealTextError, match="max_articles"):
+    real_text.run_experiment(out, max_articles=5, max_paragraphs=4, max_pages=1,
+                             salient_spans=False)
+  with open(os.path.join(work, "options.json")) as f:
+    assert json.load(f)["max_articles"] == 4
