@@ -42,6 +42,7 @@ class MarginalLossTest(tf.test.TestCase):
   def setUp(self):
     super().setUp()
     self.rng = np.random.default_rng(0)
+    tf_keras.utils.set_random_seed(0)   # the towers' initial weights, whatever ran before
     self.blocks = make_blocks(12, self.rng)
     self.config = tiny_config()
     self.model = RealmPretrainer.from_config_dataclass(self.config)
