@@ -83,8 +83,10 @@ def world(tmp_path_factory):
 
 
 def _reference(world, questions):
-  """``OpenQA.answer`` over the index ``LATEST`` names now (what the server must say)."""
-  return predict.OpenQA.load(world["model"], world["index"]).answer(questions)
+  """``OpenQA.answer`` over the index ``LATEST`` names now (what the server must say), one
+  question at a time as the requests come."""
+  qa = predict.OpenQA.load(world["model"], world["index"])
+  return [qa.answer([question])[0] for question in questions]
 
 
 def test_answers_match_openqa(world):

@@ -116,11 +116,19 @@ def make_corpus(blocks_dir: str, vocab_file: str, num_blocks: int, block_seq_len
 
 
 def make_openqa_model(model_dir: str, vocab_file: str, openqa_seq_length: int = 64,
-                      seed: int = 0, **config_kwargs) -> configs.RealmModelConfig:
+                      seed: int = 0, initializer_range: float = 1.0,
+                      **config_kwargs) -> configs.RealmModelConfig:
   """A random-init Open-QA model directory (shared towers, a reader with a span scorer),
-  ``ckpt-1``: what ``realm-answer`` and ``realm-serve`` load, for plumbing tests."""
+  ``ckpt-1``: what ``realm-answer`` and ``realm-serve`` load, for plumbing tests.
+
+  The towers are initialized with a wide ``initializer_range`` (BERT's is 0.02): at BERT's
+  scale a random tower embeds every text almost alike (retrieval scores within 1e-5 of each
+  other), so the beam and the best span would hang on rounding, which differs between
+  batch sizes and machines; at 1.0 they are separated by far more than rounding."""
   config = tiny_model_config(vocab_file, **config_kwargs)
-  config.override({"reader": {"openqa_seq_length": openqa_seq_length, "span_hidden_size": 8}})
+  config.override({"reader": {"openqa_seq_length": openqa_seq_length, "span_hidden_size": 8,
+                              "encoder": {"initializer_range": initializer_range}},
+                   "retriever": {"encoder": {"initializer_range": initializer_range}}})
   model_dir_lib.write_metadata(model_dir, config, vocab_file)
   tf.keras.utils.set_random_seed(seed)
   embedder, _ = modeling.build_embedders(config.retriever)
