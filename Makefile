@@ -6,7 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.realm_tf_installed
 MINILM := assets/minilm/model.safetensors
-PYTEST := $(PY) -m pytest -q --durations=25 tests
+# Two pytest workers (the machine's two cores), each module whole on one worker (its module
+# fixtures built once), in conftest.py's order (the long modules first); the session fixtures
+# are built once per worker.
+PYTEST := $(PY) -m pytest -q --durations=25 -n 2 --dist loadfile --no-loadscope-reorder tests
 
 .PHONY: demo test test-all install assets browser clean
 

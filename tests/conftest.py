@@ -31,7 +31,18 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "slow: slow test, run with --runslow")
 
 
+# The modules that take longest (make test's --durations), run first: pytest-xdist hands whole
+# modules (--dist loadfile) to its two workers in collection order, so the long ones started
+# last would leave one worker running alone at the end.
+LONG_FIRST = ("test_realm_training", "test_tpu_readiness", "test_openqa_cli", "test_serve",
+              "test_refresher_sigkill", "test_openqa", "test_released_route", "test_tables",
+              "test_data_prep_cli", "test_realm_index_updates", "test_openqa_trainable_blocks",
+              "test_reader_reads")
+
+
 def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(LONG_FIRST)}
+  items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(rank)))
   if config.getoption("--runslow"):
     return
   skip = pytest.mark.skip(reason="slow: run with --runslow")
@@ -52,6 +63,17 @@ def _split_cpu():
 
 
 _split_cpu()
+
+
+@pytest.fixture(autouse=True)
+def _flags_parsed():
+  """Every test sees absl's flags parsed, at their defaults unless a test sets them: modules
+  such as ``experiments.demo`` read ``FLAGS`` in their library functions, and a command line a
+  test ran before (``helpers.run_cli``) may have left them unparsed. (Under pytest-xdist the
+  tests a worker ran before differ from run to run.)"""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  yield
 
 
 # ------------------------------------------------------------------------ session fixtures --

@@ -125,11 +125,26 @@ def test_malformed_dump_is_a_clear_error(tmp_path):
     list(wiki.iter_dump_pages(str(path)))
 
 
-def test_blocks_pipeline_on_wikipedia_dump(tmp_path, pages, tokenizer):
-  out = tmp_path / "blocks"
-  m = blocks.run_blocks(DUMP, VOCAB, str(out), drop_list_pages=False)
-  assert m["num_documents"] == 106
-  assert m["counts"]["drop:redirect"] == 99
+def _excerpt(path, max_chars):
+  """A dump of the slice's pages shorter than ``max_chars`` (header and footer kept)."""
+  with bz2.open(DUMP, "rt", encoding="utf-8") as f:
+    head, rest = f.read().split("<page>", 1)
+  pages = [p[:p.rindex("</page>") + len("</page>")] for p in rest.split("<page>")]
+  with bz2.open(path, "wt", encoding="utf-8") as f:
+    f.write(head + "".join(f"<page>{p}\n  " for p in pages if len(p) < max_chars)
+            + "</mediawiki>\n")
+  return str(path)
+
+
+def _check_blocks_reproduce_the_pages(dump, out, tokenizer):
+  """Runs the blocks pipeline on ``dump``: each kept page's cleaned text is its blocks'
+  bodies, in order; every block fits 288 wordpieces with its title. Returns the manifest."""
+  m = blocks.run_blocks(dump, VOCAB, str(out), drop_list_pages=False)
+  pages = list(wiki.iter_dump_pages(dump))
+  kept = [p for p in pages if wiki.page_drop_reason(p, drop_list_pages=False) is None]
+  assert m["num_documents"] == len(kept)
+  assert m["counts"].get("drop:redirect", 0) == sum(
+      wiki.page_drop_reason(p, drop_list_pages=False) == "redirect" for p in pages)
   got = manifests.read_blocks(str(out))  # Also checks count and fingerprint against the manifest.
   assert [b["block_id"] for b in got] == list(range(len(got)))
   counts = tokenizer.count_wordpieces([b["title"] for b in got] + [b["body"] for b in got])
@@ -139,9 +154,24 @@ def test_blocks_pipeline_on_wikipedia_dump(tmp_path, pages, tokenizer):
   bodies = {}
   for b in got:
     bodies.setdefault(b["title"], []).append(b["body"])
-  assert len(bodies) == 106
-  for p in pages:
-    if wiki.page_drop_reason(p, drop_list_pages=False) is None:
-      cleaned = wiki.clean_wikitext(p["wikitext"])
-      # Up to whitespace: a block boundary can fall where the text had no space ("(" | "Rust").
-      assert "".join("".join(bodies[p["title"]]).split()) == "".join(cleaned.split()), p["title"]
+  assert len(bodies) == len(kept)
+  for p in kept:
+    cleaned = wiki.clean_wikitext(p["wikitext"])
+    # Up to whitespace: a block boundary can fall where the text had no space ("(" | "Rust").
+    assert "".join("".join(bodies[p["title"]]).split()) == "".join(cleaned.split()), p["title"]
+  return m
+
+
+def test_blocks_pipeline_on_a_wikipedia_excerpt(tmp_path, tokenizer):
+  """The fast sibling of the next test: the slice's pages under 10,000 characters (22
+  articles, 2% of the text, and the redirects)."""
+  m = _check_blocks_reproduce_the_pages(_excerpt(tmp_path / "excerpt.xml.bz2", 10_000),
+                                        tmp_path / "blocks", tokenizer)
+  assert m["num_documents"] == 22 and m["counts"]["drop:redirect"] == 99, m
+
+
+@pytest.mark.slow
+def test_blocks_pipeline_on_wikipedia_dump(tmp_path, tokenizer):
+  m = _check_blocks_reproduce_the_pages(DUMP, tmp_path / "blocks", tokenizer)
+  assert m["num_documents"] == 106
+  assert m["counts"]["drop:redirect"] == 99
