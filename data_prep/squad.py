@@ -1,4 +1,4 @@
-"""SQuAD v1.1 as an Open-QA corpus and question set: paragraphs -> documents, questions -> QA.
+r"""SQuAD v1.1 as an Open-QA corpus and question set: paragraphs -> documents, questions -> QA.
 
 SQuAD's questions were written while reading one paragraph of one Wikipedia article, so every
 paragraph becomes a document of its own, titled by its article, and every question a QA record
