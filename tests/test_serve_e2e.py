@@ -93,7 +93,8 @@ def trained(tmp_path_factory):
     qa = [json.loads(line) for line in f]
   service = service_lib.QAService(model, index, poll_seconds=0.2)
   with app_lib.BackgroundServer(app_lib.create_app(service, token=TOKEN)) as server:
-    yield dict(root=root, index=index, blocks=blocks, model=model, url=server.url, articles=articles, qa=qa,
+    yield dict(root=root, index=index, blocks=blocks, model=model, url=server.url,
+               articles=articles, qa=qa,
                cities=sorted({a for q in qa if q["question"].startswith("Where was")
                               for a in q["answers"]}))
   service.close()
