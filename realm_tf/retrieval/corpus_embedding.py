@@ -144,7 +144,7 @@ def _embed_step(block_embedder, strategy):
   per_model = _STEPS.setdefault(block_embedder, {})
   if id(strategy) not in per_model:
 
-    @tf.function
+    @tf.function(autograph=False)  # The towers have no tensor-dependent Python control flow.
     def step(batch):
       def replica_fn(ids, inputs):
         return ids, tf.cast(block_embedder(inputs, training=False), tf.float32)
@@ -165,7 +165,8 @@ def embed_store_rows(block_embedder: Callable, store, rows: np.ndarray, seq_leng
   build; every batch is padded to ``batch_size`` rows (one trace)."""
   if block_embedder not in _STORE_STEPS:
     _STORE_STEPS[block_embedder] = tf.function(
-        lambda x: tf.cast(block_embedder(x, training=False), tf.float32))
+        lambda x: tf.cast(block_embedder(x, training=False), tf.float32),
+        autograph=False)  # Autograph's conversion of the Keras layers was ~1.5 s of each trace.
   step = _STORE_STEPS[block_embedder]
   rows = np.asarray(rows, np.int64)
   out = []
