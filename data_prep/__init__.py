@@ -18,3 +18,4 @@ The on-disk formats they write (file names, features, manifests, readers) are de
 index, the trainers and the evaluation read through.
 ``data_prep`` imports ``realm_tf``, never the other way round.
 """
+import realm_tf  # noqa: F401  # Sets TF_USE_LEGACY_KERAS before TensorFlow loads.

@@ -5,6 +5,13 @@ Start with ``realm_tf.Embedder.load(model_dir)`` (retrieval) or
 described in README.md.
 """
 
+import os
+
+# tf.keras is tf_keras (Keras 2) in every process that imports realm_tf before TensorFlow: the
+# project is on tf_keras throughout, and TensorFlow then skips importing Keras 3 (~1.4 s of each
+# process start). Without effect when TensorFlow was imported first; the user's setting wins.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
 
 def __getattr__(name):
   # Both pull in TensorFlow (OpenQA also Model Garden's task machinery): imported on first use

@@ -14,6 +14,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from experiments import assets
 from data_prep import synthetic_world
@@ -38,7 +39,7 @@ def _make_model(model_dir: str, vocab_file: str, openqa_seq_length: int = 64) ->
   config = testing.tiny_model_config(vocab_file, hidden_size=16, projection_size=16)
   config.override({"reader": {"openqa_seq_length": openqa_seq_length, "span_hidden_size": 8}})
   model_dir_lib.write_metadata(model_dir, config, vocab_file)
-  tf.keras.utils.set_random_seed(0)
+  tf_keras.utils.set_random_seed(0)
   embedder, _ = modeling.build_embedders(config.retriever)
   reader = modeling.build_reader(config.reader, with_span_scorer=True)
   model_dir_lib.make_checkpoint(query_embedder=embedder, block_embedder=embedder,

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
@@ -83,7 +84,7 @@ class TinyTrainer:
     self.config = config or tiny_model_config(vocab_file, **config_kwargs)
     model_dir_lib.write_metadata(model_dir, self.config, vocab_file)
     self.config = model_dir_lib.load_config(model_dir)
-    tf.keras.utils.set_random_seed(seed)
+    tf_keras.utils.set_random_seed(seed)
     self.query_embedder, self.block_embedder = modeling.build_embedders(self.config.retriever)
     self._rng = np.random.default_rng(seed)
     self._manager = tf.train.CheckpointManager(
@@ -130,7 +131,7 @@ def make_openqa_model(model_dir: str, vocab_file: str, openqa_seq_length: int = 
                               "encoder": {"initializer_range": initializer_range}},
                    "retriever": {"encoder": {"initializer_range": initializer_range}}})
   model_dir_lib.write_metadata(model_dir, config, vocab_file)
-  tf.keras.utils.set_random_seed(seed)
+  tf_keras.utils.set_random_seed(seed)
   embedder, _ = modeling.build_embedders(config.retriever)
   reader = modeling.build_reader(config.reader, with_span_scorer=True)
   model_dir_lib.make_checkpoint(query_embedder=embedder, block_embedder=embedder,
