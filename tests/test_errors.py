@@ -4,7 +4,9 @@ while a bug (a bare ``ValueError``) keeps its traceback."""
 
 import importlib
 import inspect
+import os
 import pkgutil
+import subprocess
 import sys
 from unittest import mock
 
@@ -59,3 +61,17 @@ def test_run_main_reports_expected_errors_on_one_line(capsys):
 def test_run_main_keeps_the_traceback_of_a_bug():
   with pytest.raises(ValueError, match="a bug"):
     _run_main(ValueError("a bug"))
+
+
+def test_tf_keras_is_keras_2_in_a_process_that_imports_realm_tf_first():
+  """realm_tf sets TF_USE_LEGACY_KERAS before TensorFlow loads: tf.keras is tf_keras (Keras 2),
+  the project's Keras, and Keras 3 is never imported; a setting given by the user is kept."""
+  check = ("import sys, realm_tf, tensorflow as tf, tf_keras; "
+           "print(tf.keras.layers.Dense is tf_keras.layers.Dense, 'keras.src' in sys.modules)")
+  env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+  out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=env,
+                       check=True).stdout.split()
+  assert out == ["True", "False"], out
+  out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                       env=dict(env, TF_USE_LEGACY_KERAS="0"), check=True).stdout.split()
+  assert out[0] == "False", out  # The user's setting wins.
