@@ -28,8 +28,8 @@ class Embedder:
     self.block_embedder = block_embedder
     self.tokenizer = tokenizer
     self.step = step
-    self._embed_q = tf.function(lambda x: query_embedder(x, training=False))
-    self._embed_b = tf.function(lambda x: self.block_embedder(x, training=False))
+    self._embed_q = modeling.inference_function(query_embedder)
+    self._embed_b = modeling.inference_function(block_embedder)
 
   @classmethod
   def load(cls, path: str, checkpoint: Optional[str] = None) -> "Embedder":

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf import model_dir as model_dir_lib
+from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
@@ -116,7 +117,7 @@ class OpenQA:
     self.titles = builder.titles
     self.checkpoint = checkpoint
     self.timings = dict(retrieval_seconds=0.0, reading_seconds=0.0, questions=0)
-    self._embed = tf.function(lambda x: model.query_embedder(x, training=False))
+    self._embed = embedder_lib.inference_function(model.query_embedder)
     self._read = tf.function(self._forward)
 
   def _forward(self, features):

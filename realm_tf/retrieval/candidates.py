@@ -142,7 +142,7 @@ class CandidateBuilder:
     path = self.handle.query_embedder_checkpoint
     if self._query_tower is None:
       self._query_tower = modeling.build_embedder(self.config.retriever, "snapshot_embedder")
-      self._embed = tf.function(lambda x: self._query_tower(x, training=False))
+      self._embed = modeling.inference_function(self._query_tower)
     if path != self._snapshot:
       model_dir_lib.restore(path, query_embedder=self._query_tower)
       self._snapshot = path

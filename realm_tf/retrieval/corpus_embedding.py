@@ -36,6 +36,7 @@ from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import loaders
 from realm_tf.data import manifests
+from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.retrieval import errors
 
 _SHARD_RE = re.compile(r"embeddings-shard-(\d+)-of-(\d+)\.npy$")
@@ -144,7 +145,7 @@ def _embed_step(block_embedder, strategy):
   per_model = _STEPS.setdefault(block_embedder, {})
   if id(strategy) not in per_model:
 
-    @tf.function(autograph=False)  # The towers have no tensor-dependent Python control flow.
+    @tf.function(autograph=False)  # As embedder_lib.inference_function, under a strategy.
     def step(batch):
       def replica_fn(ids, inputs):
         return ids, tf.cast(block_embedder(inputs, training=False), tf.float32)
@@ -164,9 +165,7 @@ def embed_store_rows(block_embedder: Callable, store, rows: np.ndarray, seq_leng
   tokenized with the model's vocabulary). For an update's few rows: no ``tf.data`` pipeline to
   build; every batch is padded to ``batch_size`` rows (one trace)."""
   if block_embedder not in _STORE_STEPS:
-    _STORE_STEPS[block_embedder] = tf.function(
-        lambda x: tf.cast(block_embedder(x, training=False), tf.float32),
-        autograph=False)  # Autograph's conversion of the Keras layers was ~1.5 s of each trace.
+    _STORE_STEPS[block_embedder] = embedder_lib.inference_function(block_embedder, float32=True)
   step = _STORE_STEPS[block_embedder]
   rows = np.asarray(rows, np.int64)
   out = []

@@ -205,7 +205,7 @@ class Refresher:
     self.config = model_dir_lib.load_config(self.model_dir)
     with self.strategy.scope():
       self.query_embedder, self.block_embedder = modeling.build_embedders(self.config.retriever)
-    self._embed_query = tf.function(lambda x: self.query_embedder(x, training=False))
+    self._embed_query = modeling.inference_function(self.query_embedder)
 
   def _restore(self, checkpoint_path: str, block_tower: bool = True) -> None:
     """Partial restore of the towers; CheckpointVanishedError if the files went away.

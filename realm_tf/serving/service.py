@@ -35,6 +35,7 @@ import tensorflow as tf
 from realm_tf import errors
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import features as features_lib
+from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
@@ -99,8 +100,8 @@ class QAService:
     self.timeout_seconds, self.poll_seconds = timeout_seconds, poll_seconds
     self.updater = updates.Updater(index_dir, keep=keep)
     # Batches of 1 to max_batch questions: one trace with the batch dimension relaxed.
-    self._embed = tf.function(lambda x: self.model.query_embedder(x, training=False),
-                              reduce_retracing=True)
+    self._embed = embedder_lib.inference_function(self.model.query_embedder,
+                                                  reduce_retracing=True)
     self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
     handle = qa.builder.handle
     self._current = _Index(qa.builder, handle.path, publish.parse_name(handle.path),

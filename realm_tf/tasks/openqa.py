@@ -53,6 +53,7 @@ from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import loaders
 from realm_tf.data import manifests
+from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling import openqa_losses
 from realm_tf.modeling.models import OpenQaModel
@@ -135,7 +136,7 @@ class OpenQaTask(base.RealmBaseTask):
       raise RuntimeError("build_model must run before the inputs are read")
     if self._embed is None:
       embedder = self._model.query_embedder
-      self._embed = tf.function(lambda x: embedder(x, training=False))
+      self._embed = embedder_lib.inference_function(embedder)
     inputs = {f"input_{k[9:]}": tf.constant(v) for k, v in question_inputs.items()}
     return self._embed(inputs).numpy().astype(np.float32)
 

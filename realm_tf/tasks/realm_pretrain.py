@@ -45,6 +45,7 @@ from realm_tf.data import answers
 from realm_tf.data import block_store
 from realm_tf.data import loaders
 from realm_tf.data import manifests
+from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.openqa import inputs as openqa_inputs
@@ -308,8 +309,8 @@ class RealmPretrainTask(base.RealmBaseTask):
   def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:
     """Query-tower embeddings (float32 ``[n, dim]``) of ``[CLS] ... [SEP]`` inputs."""
     if self._embed_query is None or self._embed_query[0] is not model:
-      self._embed_query = model, tf.function(
-          lambda x: tf.cast(model.query_embedder(x, training=False), tf.float32))
+      self._embed_query = model, embedder_lib.inference_function(model.query_embedder,
+                                                                 float32=True)
     embed = self._embed_query[1]
     return np.concatenate([
         embed(dict(input_word_ids=word_ids[i:i + EMBED_BATCH],
