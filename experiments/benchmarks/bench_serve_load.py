@@ -142,7 +142,8 @@ def main(argv):
                      np.percentile(ms, 50) if len(ms) else float("nan"),
                      np.percentile(ms, 99) if len(ms) else float("nan"),
                      statuses.count(200) / seconds))
-        print(f"concurrency {threads}: {rows[-1]}", flush=True)
+        print(f"concurrency {threads}: {rows[-1][2]} of {rows[-1][1]} answered in "
+              f"{seconds:.1f} s", flush=True)
     finally:
       server.send_signal(signal.SIGTERM)
       try:
