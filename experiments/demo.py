@@ -108,15 +108,25 @@ def prepare_data(out: str):
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                                   patterns_file=files["patterns"], eval_fraction=0.2,
                                   seed=FLAGS.seed, **common)
-  reading = []
-  for i in range(1, FLAGS.reading_worlds + 1):
-    other = synthetic_world.write_world(make_world(FLAGS.seed + i, FLAGS.seed),
-                                        os.path.join(out, f"reading_world_{i}"))
-    reading.append(pipeline.prepare_all(
-        other["articles"], files["vocab"], os.path.join(out, f"reading_data_{i}"),
-        patterns_file=other["patterns"], eval_fraction=0.02, seed=FLAGS.seed + i,
-        **common)["dirs"])
+  reading = prepare_reading_worlds(
+      out, files["vocab"], [make_world(FLAGS.seed + i, FLAGS.seed)
+                            for i in range(1, FLAGS.reading_worlds + 1)], FLAGS.seed, **common)
   return world, files, prepared, reading
+
+
+def prepare_reading_worlds(out: str, vocab: str, worlds, seed: int, **prepare_args):
+  """Each counterfactual world (the i-th, from 1) written to ``reading_world_i`` and prepared
+  with ``vocab`` into ``reading_data_i`` (seed ``seed + i``); their output dirs."""
+  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
+  reading = []
+  for i, world in enumerate(worlds, 1):
+    other = synthetic_world.write_world(world, os.path.join(out, f"reading_world_{i}"))
+    reading.append(pipeline.prepare_all(
+        other["articles"], vocab, os.path.join(out, f"reading_data_{i}"),
+        patterns_file=other["patterns"], eval_fraction=0.02, seed=seed + i,
+        **prepare_args)["dirs"])
+  return reading
 
 
 def reading_corpora(out: str, reading) -> str:

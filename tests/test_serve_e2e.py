@@ -29,8 +29,8 @@ import pytest
 
 from data_prep import blocks as blocks_pipeline
 from data_prep import ict_examples
-from data_prep import pipeline
 from data_prep import synthetic_world
+from experiments import demo
 from realm_tf import configs
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
 from realm_tf import tokenization
@@ -72,21 +72,14 @@ def trained(tmp_path_factory):
   ict_examples.run_ict_examples(blocks, vocab, ict, True, 32, 32, eval_fraction=0.02, seed=0)
   # Without it the reader answers by recall: no edit of the corpus changes its answers
   # (experiments/NOTES.md section 12).
-  reading = []
-  for seed in range(1, 5):
-    other = synthetic_world.write_world(synthetic_world.generate_world(seed, name_seed=0, **sizes),
-                                        str(root / f"reading_world_{seed}"))
-    reading.append(pipeline.prepare_all(
-        other["articles"], vocab, str(root / f"reading_data_{seed}"),
-        patterns_file=other["patterns"], block_seq_length=32, query_seq_length=32,
-        examples_per_sentence=2, seed=seed)["dirs"])
-  corpora = root / "reading_corpora.yaml"  # Lists: a YAML file (JSON is YAML), as the demo's.
-  corpora.write_text(json.dumps({"task": {"train_data": {
-      "input_path": [os.path.join(d["pretrain"], "train-*") for d in reading],
-      "blocks_dir": [d["blocks"] for d in reading]}}}))
+  reading = demo.prepare_reading_worlds(
+      str(root), vocab, [synthetic_world.generate_world(seed, name_seed=0, **sizes)
+                         for seed in range(1, 5)], 0,
+      block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
+  corpora = demo.reading_corpora(str(root), reading)
   reader_dir = str(root / "reader_read")
   train_lib.run_experiment(configs.load_experiment(
-      "reader_read_cpu", [os.path.join(CONFIGS, "reader_read_cpu__demo.yaml"), str(corpora)],
+      "reader_read_cpu", [os.path.join(CONFIGS, "reader_read_cpu__demo.yaml"), corpora],
       ",".join([f"task.model.vocab_file={vocab}", f"task.model.reader.encoder.vocab_size={n}",
                 f"task.model.retriever.encoder.vocab_size={n}"] + _schedule(3000, 1e-3))),
       reader_dir, mode="train")
