@@ -29,10 +29,13 @@ raises alarms (a logged warning and an ``alarm/<name>`` summary) when a signal c
 ``configs.HealthConfig`` threshold: the entropy ratio, ``p_null`` or a cosine stays above its
 bound for ``patience`` summaries in a row, ``distinct_candidates`` below its bound, or a
 validation recall (masked sentences' ``recall@k``, questions' ``qa_recall@k``) below
-``recall_drop`` times its first (step-0) value. ``summary_line`` is the one-line health report
-``realm-train`` prints at each validation.
+``recall_drop`` times its first (step-0) value. ``realm-train`` keeps those first values in
+``<model_dir>/health_baseline.json`` (``HealthMonitor.persist_to``), so that a resumed run
+compares against step 0, not against its first validation after the restart.
+``summary_line`` is the one-line health report ``realm-train`` prints at each validation.
 """
 
+import json
 import math
 from typing import Dict, List, Optional, Tuple
 
@@ -51,6 +54,8 @@ SIGNALS = ("retrieval_entropy_ratio", "p_null", "retrieval_margin", "candidates_
 MARKED_SIGNALS = ("candidates_with_answer", "any_candidate_with_answer", "reader_gain_answer",
                   "reader_gain_other")
 UNMARKED_SIGNALS = ("reader_gain",)
+# The validation recalls' first values, in the model directory.
+BASELINE_FILE = "health_baseline.json"
 
 
 def _mean_pairwise_cosine(vectors: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -96,7 +101,9 @@ def retrieval_signals(retrieval_logits, token_log_p_given_z, mlm_weights, query_
   entropy = -tf.reduce_sum(p_z * log_p_z, axis=-1)
   top = tf.reduce_max(logits, axis=-1)
   rest = (tf.reduce_sum(logits, axis=-1) - top) / max(k - 1, 1)
-  out = {"retrieval_entropy_ratio": (entropy / math.log(k), ones),
+  # One candidate (the null block alone): the entropy is 0 and the ratio undefined (weight 0).
+  out = {"retrieval_entropy_ratio": ((entropy / math.log(k), ones) if k > 1
+                                     else (tf.zeros_like(entropy), tf.zeros_like(ones))),
          "p_null": (p_z[:, 0], ones),
          "retrieval_margin": (top - rest, ones)}
 
@@ -135,7 +142,24 @@ class HealthMonitor:
     self.config = config
     self.recall_keys = tuple(recall_keys)
     self.baseline: Dict[str, float] = {}     # the first validation's recalls (step 0)
+    self.baseline_path: Optional[str] = None
     self._streak: Dict[str, int] = {}
+
+  def persist_to(self, path: str):
+    """Keeps the baseline in the JSON file ``path`` (e.g. ``<model_dir>/health_baseline.json``):
+    loads it when it exists (a resumed run), and writes it whenever a first value is set."""
+    self.baseline_path = path
+    if tf.io.gfile.exists(path):
+      with tf.io.gfile.GFile(path) as f:
+        self.baseline = {k: float(v) for k, v in json.load(f).items()}
+      logging.info("health baseline from %s: %s", path, self.baseline)
+
+  def _save_baseline(self):
+    if self.baseline_path:
+      tmp = self.baseline_path + ".tmp"
+      with tf.io.gfile.GFile(tmp, "w") as f:
+        json.dump(self.baseline, f, indent=1, sort_keys=True)
+      tf.io.gfile.rename(tmp, self.baseline_path, overwrite=True)
 
   def _bound(self, field: str) -> float:
     return float(getattr(self.config, field))
@@ -157,18 +181,20 @@ class HealthMonitor:
 
   def observe_validation(self, logs: Dict[str, float]) -> List[str]:
     """Alarms raised by one validation pass; the first pass sets the recalls' baselines."""
-    alarms = []
+    alarms, first = [], False
     for key in self.recall_keys:
       if key not in logs:
         continue
       value = float(logs[key])
       if key not in self.baseline:
-        self.baseline[key] = value
+        self.baseline[key], first = value, True
         continue
       floor = self.config.recall_drop * self.baseline[key]
       if self.baseline[key] > 0 and value < floor:
         alarms.append(f"{key}: {value:.3f} below {self.config.recall_drop:g} x its first value "
                       f"{self.baseline[key]:.3f}")
+    if first:
+      self._save_baseline()
     return alarms
 
   def check(self, phase: str, step: int, logs: Dict[str, float]) -> Dict[str, float]:
@@ -176,6 +202,8 @@ class HealthMonitor:
     returns the summaries to add: ``health_alarms`` (their count) and ``alarm/<signal>`` = 1."""
     if not self.config.enabled:
       return {}
+    if phase == "validation" and step == 0:
+      self.baseline.clear()     # step 0 sets the baseline, whatever a file from before held
     alarms = (self.observe_train if phase == "train" else self.observe_validation)(logs)
     for alarm in alarms:
       logging.warning("retrieval health alarm at step %d (%s): %s", step, phase, alarm)

@@ -25,6 +25,7 @@ Everything else is Model Garden's: ``steps_per_loop`` host round trips, summarie
 """
 
 import contextlib
+import os
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -37,6 +38,7 @@ from official.core import train_lib as mg_train_lib
 from official.core import train_utils
 from official.modeling import performance
 
+from realm_tf import health
 from realm_tf import model_dir as model_dir_lib
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
@@ -124,6 +126,14 @@ class RealmExperimentRunner(mg_train_lib.OrbitExperimentRunner):
     return self.trainer.model, {**self.trainer.last_train_logs, **logs}
 
 
+def persist_health_baselines(task, model_dir: str):
+  """Keeps the task's health alarms' step-0 recalls (its ``health.HealthMonitor``
+  attributes) in ``model_dir/health_baseline.json``, so that a resumed run keeps them."""
+  for value in vars(task).values():
+    if isinstance(value, health.HealthMonitor):
+      value.persist_to(os.path.join(model_dir, health.BASELINE_FILE))
+
+
 @contextlib.contextmanager
 def precision_policy(dtype: Optional[str]):
   """Keras's global policy for ``runtime.mixed_precision_dtype`` within the block:
@@ -173,6 +183,7 @@ def run_experiment(params, model_dir: str, mode: str = "train",
     elif not tf.io.gfile.isdir(model_dir):
       raise model_dir_lib.ModelDirError(f"model directory not found: {model_dir}")
     logging.info("%s %s in %s on %s", mode, task.name, model_dir, type(strategy).__name__)
+    persist_health_baselines(task, model_dir)
     runner = RealmExperimentRunner(distribution_strategy=strategy, task=task, mode=mode,
                                    params=params, model_dir=model_dir)
     _, logs = runner.run()

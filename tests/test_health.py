@@ -1,6 +1,7 @@
 """Retrieval health: the signals against NumPy, the duplicate-uid skip, and the alarms on a
 collapsed and on a healthy retriever."""
 
+import json
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import tf_keras
 
 from realm_tf import configs
 from realm_tf import health
+from realm_tf import train_lib
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.retrieval import candidates
 from realm_tf.tasks import realm_pretrain
@@ -72,6 +74,46 @@ def test_signals_match_numpy():
   got = health.retrieval_signals(*(tf.constant(x, tf.float32) for x in (logits, token_lp,
                                                                          weights, q, c)))
   assert "reader_gain" in got and "reader_gain_answer" not in got
+
+
+def test_one_candidate_has_no_entropy_ratio():
+  """k = 1 (the null block alone): the entropy is 0 and log k is 0, so the ratio is undefined:
+  weight 0 (a Keras Mean over it stays 0, not nan), while p_null is 1."""
+  b, m, d = 3, 2, 4
+  got = health.retrieval_signals(tf.constant([[0.5], [-1.0], [2.0]]), -tf.ones([b, 1, m]),
+                                 tf.ones([b, m]), tf.random.normal([b, d]),
+                                 tf.random.normal([b, 1, d]))
+  values, weights = got["retrieval_entropy_ratio"]
+  assert np.isfinite(values.numpy()).all() and not weights.numpy().any()
+  mean = tf_keras.metrics.Mean()
+  mean.update_state(values, tf.broadcast_to(weights, tf.shape(values)))
+  assert float(mean.result()) == 0.0
+  np.testing.assert_allclose(got["p_null"][0].numpy(), 1.0)
+
+
+def test_the_recall_baseline_survives_a_restart(tmp_path):
+  """The step-0 recalls are kept in the model directory: a resumed run (a new task and
+  monitor, as after a restart) compares its validations against them and alarms on a drop,
+  instead of taking its first validation after the restart as the baseline. A step-0
+  validation replaces a file left by an earlier run."""
+  model_dir = str(tmp_path)
+  path = tmp_path / health.BASELINE_FILE
+  task, _, _ = _task_and_batch()
+  train_lib.persist_health_baselines(task, model_dir)
+  assert task.check_health("validation", 0, {"recall@5": 0.4}) == {"health_alarms": 0.0}
+  assert json.loads(path.read_text()) == {"recall@5": 0.4}
+  # The restart: at step 300, recall@5 below half its step-0 value; qa_recall@5 first seen.
+  resumed, _, _ = _task_and_batch()
+  train_lib.persist_health_baselines(resumed, model_dir)
+  out = resumed.check_health("validation", 300, {"recall@5": 0.15, "qa_recall@5": 0.3})
+  assert out == {"health_alarms": 1.0, "alarm/recall@5": 1.0}
+  assert json.loads(path.read_text()) == {"recall@5": 0.4, "qa_recall@5": 0.3}
+  assert resumed.check_health("validation", 400, {"recall@5": 0.3})["health_alarms"] == 0
+  # A new run from step 0 in the same directory sets its own baseline.
+  fresh = health.HealthMonitor(configs.HealthConfig(), ("recall@5",))
+  fresh.persist_to(str(path))
+  assert fresh.check("validation", 0, {"recall@5": 0.1}) == {"health_alarms": 0.0}
+  assert json.loads(path.read_text()) == {"recall@5": 0.1}
 
 
 def _builder(model, config, blocks):
