@@ -38,6 +38,7 @@ from official.core import train_lib as mg_train_lib
 from official.core import train_utils
 from official.modeling import performance
 
+from realm_tf import configs
 from realm_tf import health
 from realm_tf import model_dir as model_dir_lib
 
@@ -137,7 +138,15 @@ def persist_health_baselines(task, model_dir: str):
 @contextlib.contextmanager
 def precision_policy(dtype: Optional[str]):
   """Keras's global policy for ``runtime.mixed_precision_dtype`` within the block:
-  ``bfloat16``/``float16`` compute in that type with float32 variables."""
+  ``bfloat16`` computes in that type with float32 variables.
+
+  Raises ConfigError for ``float16``: it needs loss scaling, which the tasks' own
+  ``train_step`` does not do (Model Garden's does), so small gradients would underflow to 0;
+  bfloat16 has float32's range and needs none.
+  """
+  if dtype == "float16":
+    raise configs.ConfigError("runtime.mixed_precision_dtype=float16 is not supported (no loss "
+                              "scaling); use bfloat16 or float32")
   performance.set_mixed_precision_policy(dtype or "float32")
   try:
     yield

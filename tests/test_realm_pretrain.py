@@ -231,6 +231,21 @@ class MarginalLossTest(tf.test.TestCase):
     self.assertAllClose(logs["loss"], want, rtol=0.05)
     self.assertTrue(all(np.isfinite(m.result().numpy()) for m in metrics))
 
+  def test_float16_is_refused(self):
+    """runtime.mixed_precision_dtype=float16 needs loss scaling, which the tasks' train_step
+    does not do: the policy and run_experiment refuse it with a ConfigError, before writing
+    anything."""
+    with self.assertRaisesRegex(configs.ConfigError, "float16 is not supported"):
+      with train_lib.precision_policy("float16"):
+        pass
+    params = configs.load_experiment("realm_pretrain_cpu",
+                                     params_override="runtime.mixed_precision_dtype=float16")
+    model_dir = self.create_tempdir().full_path
+    with self.assertRaisesRegex(configs.ConfigError, "float16 is not supported.*bfloat16"):
+      train_lib.run_experiment(params, model_dir, mode="train")
+    self.assertEqual(tf.io.gfile.listdir(model_dir), [])
+    self.assertEqual(tf_keras.mixed_precision.global_policy().name, "float32")
+
   def test_train_step_compiles_with_xla(self):
     features, _ = self.features()
     eager = realm_pretrain.replica_loss(self.model, features, training=False)[0]
