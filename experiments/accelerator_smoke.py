@@ -22,19 +22,21 @@ r"""One-command accelerator smoke run: a CPU-sized experiment on whatever device
    finite, its first and last values, ``TRAINING_DONE``; with the refresher: its builds, its
    exit status, the index age; REALM's retrieval health alarms, reported, not judged); and, on
    one replica off TPU, ``tpu_readiness``'s check of the trained model's train step on one
-   batch: compiled whole with XLA against uncompiled (loss, metrics, weights after one
-   ``CHECK_OPTIMIZER`` update).
+   batch: compiled whole with XLA against uncompiled (the loss and the weights after one
+   ``CHECK_OPTIMIZER`` update, so the gradients, to ``tpu_readiness``'s tolerances; the
+   metrics, statistics derived from the step, to a share of their spread over the run).
 
 On a TPU every step the trainer runs is one XLA program, the replicated step with its
 collectives (all-gathers, all-reduces) included: a run that completes is the check a CPU
 cannot make. Exit status: 0 healthy, 1 unhealthy (the report says why), 2 an expected error
-(``error: ...``).
+(``error: ...``). Only ``main`` reads the flags; the functions take what they need.
 """
 
 import os
 import subprocess
 import sys
 import time
+from typing import Dict, List
 
 from absl import flags
 
@@ -65,29 +67,38 @@ def define_flags() -> None:
 
 
 RETRIEVING = ("realm_pretrain_cpu", "openqa_cpu")
+# How far a metric of the compiled step may be from the uncompiled one's: this share of the
+# metric's spread over the run (the standard deviation of its training summaries), when that
+# is beyond tpu_readiness's tolerances. The metrics are statistics derived from the step (a
+# retrieval margin is a difference of close logits, which another summation order moves by
+# more than the loss); the loss and the weights are what the check is for, and keep
+# tpu_readiness's tolerances.
+METRIC_SPREAD_SHARE = 0.1
 
 
 def _say(message: str) -> None:
   print(f"[smoke {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def make_strategy(params):
-  """The strategy of ``--strategy`` (``params.runtime`` is set to match)."""
+def make_strategy(params, name: str, tpu: str = "local"):
+  """The strategy ``name`` (``tpu``, ``mirrored``, ``one_device``: see ``--strategy``; ``tpu``:
+  the TPU's address); ``params.runtime`` is set to match."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
   gpus = len(tf.config.list_physical_devices("GPU"))
   runtime = params.runtime
-  if FLAGS.strategy == "tpu":
-    return train_lib.get_strategy(params, tpu=FLAGS.tpu)
-  if FLAGS.strategy == "mirrored" and not gpus:
+  if name == "tpu":
+    return train_lib.get_strategy(params, tpu=tpu)
+  if name == "mirrored" and not gpus:
     _say("no GPU: MirroredStrategy over the CPU (one replica)")
-  runtime.distribution_strategy = FLAGS.strategy
-  runtime.num_gpus = gpus if FLAGS.strategy == "mirrored" else min(gpus, 1)
+  runtime.distribution_strategy = name
+  runtime.num_gpus = gpus if name == "mirrored" else min(gpus, 1)
   return train_lib.get_strategy(params)
 
 
-def prepare(out: str):
-  """The world and its data_prep outputs (reused when ``out`` already holds them)."""
+def prepare(out: str, seed: int):
+  """The world of ``seed`` and its data_prep outputs (reused when ``out`` already holds
+  them)."""
   import json  # pylint: disable=g-import-not-at-top
   done = os.path.join(out, "prepared.json")
   if os.path.exists(done):
@@ -95,12 +106,12 @@ def prepare(out: str):
       return json.load(f)
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  files = synthetic_world.write_world(demo.make_world(FLAGS.seed, FLAGS.seed),
+  files = synthetic_world.write_world(demo.make_world(seed, seed),
                                       os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
   dirs = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                               patterns_file=files["patterns"], eval_fraction=0.2,
-                              seed=FLAGS.seed, block_seq_length=32,
+                              seed=seed, block_seq_length=32,
                               query_seq_length=32)["dirs"]
   prepared = dict(files=files, dirs=dirs)
   with open(done, "w") as f:
@@ -108,11 +119,14 @@ def prepare(out: str):
   return prepared
 
 
-def experiment_params(data, out: str):
-  """The experiment's config: its demo YAML, this world's data, ``--steps`` steps, a
-  checkpoint (so an index) and a host round trip every ``--refresh_every`` steps."""
+def experiment_params(data, out: str, name: str, steps: int, refresh_every: int,
+                      retrieval: str = "host", trainable_blocks: int = 8,
+                      params_override: str = ""):
+  """The config of the experiment ``name``: its demo YAML, ``prepare``'s ``data``, ``steps``
+  steps, a checkpoint (so an index) and a host round trip every ``refresh_every`` steps, then
+  ``params_override``; ``retrieval`` and ``trainable_blocks``: see their flags."""
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  files, dirs, name = data["files"], data["dirs"], FLAGS.experiment
+  files, dirs = data["files"], data["dirs"]
   vocab, n = files["vocab"], demo.vocab_size(files["vocab"])
   towers = [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
             f"task.model.reader.encoder.vocab_size={n}"]
@@ -125,28 +139,28 @@ def experiment_params(data, out: str):
       "realm_pretrain_cpu": towers + [
           f"task.train_data.input_path={dirs['pretrain']}/train-*",
           f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
-          f"task.retrieval={FLAGS.retrieval}"],
+          f"task.retrieval={retrieval}"],
       "openqa_cpu": towers + [
           f"task.train_data.input_path={files['qa_train']}", f"task.index_dir={index_dir}",
           f"task.blocks_dir={dirs['blocks']}", f"task.init_checkpoint={os.path.join(out, 'init')}",
-          f"task.trainable_blocks={FLAGS.trainable_blocks}"],
+          f"task.trainable_blocks={trainable_blocks}"],
   }[name]
   decay = "trainer.optimizer_config.learning_rate.polynomial.decay_steps"
-  overrides += [f"trainer.train_steps={FLAGS.steps}", f"{decay}={FLAGS.steps}"]
-  overrides += demo.intervals(FLAGS.refresh_every)
-  overrides += [FLAGS.params_override] if FLAGS.params_override else []
+  overrides += [f"trainer.train_steps={steps}", f"{decay}={steps}"]
+  overrides += demo.intervals(refresh_every)
+  overrides += [params_override] if params_override else []
   return configs.load_experiment(name, [os.path.join(demo.CONFIG_DIR, f"{name}__demo.yaml")],
                                  ",".join(overrides))
 
 
-def frozen_start(params, out: str, data) -> None:
+def frozen_start(params, out: str, data, seed: int) -> None:
   """Open-QA's starting model: random towers in ``out/init`` (and, without a trainable block
   tower, the frozen index of their block tower)."""
   from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import testing  # pylint: disable=g-import-not-at-top
   init = os.path.join(out, "init")
   trainer = testing.TinyTrainer(init, data["files"]["vocab"], config=params.task.model,
-                                seed=FLAGS.seed)
+                                seed=seed)
   trainer.perturb(0.3)   # untrained towers score every block alike
   trainer.save(0)
   trainer.finish(0)
@@ -168,8 +182,9 @@ def start_refresher(model_dir: str, params, out: str, blocks: str):
   return proc, log.name
 
 
-def checked_task(params, model_dir: str):
-  """The experiment's task, its ``build_inputs`` checked by ``tpu_readiness`` for training."""
+def checked_task(params, model_dir: str, name: str):
+  """The experiment's task, its ``build_inputs`` checked by ``tpu_readiness`` for training
+  (``name``: the experiment's, for the messages)."""
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
   task = task_factory.get_task(params.task, logging_dir=model_dir)
@@ -180,7 +195,7 @@ def checked_task(params, model_dir: str):
     if not data_config.is_training:
       return build_inputs(data_config, input_context)
     dataset = tpu_readiness.checked_dataset_fn(
-        lambda ctx: build_inputs(data_config, ctx), f"{FLAGS.experiment} training inputs")(
+        lambda ctx: build_inputs(data_config, ctx), f"{name} training inputs")(
             input_context)
     checked.append(dataset.element_spec)
     return dataset
@@ -201,11 +216,41 @@ def device_memory(strategy):
   return peaks
 
 
+def metric_spreads(model_dir: str) -> Dict[str, float]:
+  """``{tag: standard deviation}`` of each scalar of the run's training summaries."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  return {tag: float(np.std([v for _, v in values])) for tag, values in
+          model_dir_lib.read_summaries(model_dir, "train").items()}
+
+
+def step_differences(eager, xla, spreads: Dict[str, float]) -> List[str]:
+  """What differs between the uncompiled and the compiled step (``tpu_readiness.StepResult``s;
+  empty: the same): the loss and the weights after the update (so the gradients) beyond
+  ``tpu_readiness``'s tolerances; a metric beyond them and beyond ``METRIC_SPREAD_SHARE`` of its
+  spread over the run (``spreads``: ``metric_spreads``)."""
+  import math  # pylint: disable=g-import-not-at-top
+  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
+  names = sorted(set(eager.metrics) | set(xla.metrics))
+  out = tpu_readiness.differences(eager, xla, ignore_metrics=names)
+  for name in names:
+    a, b = eager.metrics.get(name), xla.metrics.get(name)
+    if a is None or b is None:
+      out.append(f"metric {name}: {b!r} != {a!r}")
+      continue
+    allowed = max(tpu_readiness.METRIC_ATOL + tpu_readiness.LOSS_RTOL * abs(a),
+                  METRIC_SPREAD_SHARE * spreads.get(name, 0.0))
+    if not abs(b - a) <= allowed and not (math.isnan(a) and math.isnan(b)):
+      out.append(f"metric {name}: {b!r} != {a!r} (allowed {allowed:.2g}; its spread over the "
+                 f"run {spreads.get(name, 0.0):.2g})")
+  return out
+
+
 def xla_check(params, model_dir: str, strategy):
   """``tpu_readiness``'s check of the trained model's train step on one batch, from the last
-  checkpoint, on one replica: compiled whole with XLA against uncompiled (loss, metrics, and
-  the weights after one ``CHECK_OPTIMIZER`` update). Returns a report line and whether they
-  agree."""
+  checkpoint, on one replica: compiled whole with XLA against uncompiled (``step_differences``:
+  the loss, the weights after one ``CHECK_OPTIMIZER`` update, the metrics). Returns a report
+  line and whether they agree."""
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
@@ -230,12 +275,14 @@ def xla_check(params, model_dir: str, strategy):
   eager, xla = (tpu_readiness.run_step(task, model, batch, strategy, optimizer, metrics,
                                        jit_compile=jit)
                 for jit, (model, optimizer, metrics) in zip((False, True), sides))
-  differences = tpu_readiness.differences(eager, xla)
+  differences = step_differences(eager, xla, metric_spreads(model_dir))
   gap = max(float(abs(a - b).max()) for a, b in zip(eager.weights, xla.weights) if a.size)
+  metric_gap = max([abs(xla.metrics[n] - v) for n, v in eager.metrics.items()
+                    if n in xla.metrics] or [0.0])
   return (f"{'; '.join(differences) if differences else 'the same'}: loss {xla.loss:.6g} "
           f"compiled, {eager.loss:.6g} not; weights after an SGD update within {gap:.2g} "
-          f"(largest update {max(eager.updates):.2g}); first call {xla.seconds:.1f} s "
-          f"compiled, {eager.seconds:.1f} s not"), not differences
+          f"(largest update {max(eager.updates):.2g}); metrics within {metric_gap:.2g}; first "
+          f"call {xla.seconds:.1f} s compiled, {eager.seconds:.1f} s not"), not differences
 
 
 def first_index_watch(model_dir: str, index_dir: str):
@@ -316,18 +363,21 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   model_dir = os.path.join(out, f"run-{int(time.time())}")
   _say(f"preparing a world (scale {FLAGS.world_scale}) under {out}")
-  data = prepare(out)
-  params = experiment_params(data, os.path.join(model_dir, "aux"))
+  data = prepare(out, FLAGS.seed)
+  params = experiment_params(data, os.path.join(model_dir, "aux"), FLAGS.experiment,
+                             FLAGS.steps, FLAGS.refresh_every, retrieval=FLAGS.retrieval,
+                             trainable_blocks=FLAGS.trainable_blocks,
+                             params_override=FLAGS.params_override)
   os.makedirs(os.path.join(model_dir, "aux"), exist_ok=True)
-  strategy = make_strategy(params)
+  strategy = make_strategy(params, FLAGS.strategy, FLAGS.tpu)
   if FLAGS.experiment == "openqa_cpu":
-    frozen_start(params, os.path.join(model_dir, "aux"), data)
+    frozen_start(params, os.path.join(model_dir, "aux"), data, FLAGS.seed)
   refresher = None
   if FLAGS.experiment in RETRIEVING and (FLAGS.experiment != "openqa_cpu"
                                          or params.task.trainable_blocks):
     refresher = start_refresher(model_dir, params, os.path.join(model_dir, "aux"),
                                 data["dirs"]["blocks"])
-  task, checked = checked_task(params, model_dir)
+  task, checked = checked_task(params, model_dir, FLAGS.experiment)
   seen = first_index_watch(model_dir, params.task.index_dir) if refresher else {}
   _say(f"training {FLAGS.experiment} for {FLAGS.steps} steps in {model_dir}"
        + (" beside realm-refresh" if refresher else ""))

@@ -1,5 +1,6 @@
 """``experiments/accelerator_smoke.py``: its health report, and (slow) a whole run on the CPU."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from experiments import accelerator_smoke
+from realm_tf import tpu_readiness
 
 
 def write_run(model_dir, losses, done=True):
@@ -51,6 +53,65 @@ def test_health_of_a_run_from_its_summaries(tmp_path):
   assert [p.split(":")[0] for p in problems] == ["training losses not all finite",
                                                  "no TRAINING_DONE", "refresher"]
   assert "exit status 1, 1 build(s)" in problems[2]
+
+
+def _step(loss, weights, margin):
+  return tpu_readiness.StepResult(
+      loss=loss, weights=weights, updates=[0.1, 0.05], seconds=1.0,
+      metrics={"retrieval_margin": margin, "mlm_accuracy": 0.25, "index_age": 3.0})
+
+
+def test_xla_check_judges_loss_and_weights_tightly_and_metrics_by_their_spread(tmp_path):
+  """A healthy step seen on a CPU: the loss equal to 6 digits, the weights within 1.2e-7, the
+  retrieval margin (a difference of close logits) 0.006422 compiled and 0.006410 not. It
+  passes, as the margin's gap is far inside its spread over the run; a real difference of the
+  loss, of a weight or of a metric beyond its spread fails."""
+  writer = tf.summary.create_file_writer(str(tmp_path / "train"))
+  with writer.as_default():
+    for step, margin in zip((5, 10, 15, 20), (0.002, 0.004, 0.012, 0.02)):
+      tf.summary.scalar("retrieval_margin", margin, step=step)
+      tf.summary.scalar("mlm_accuracy", 0.25, step=step)
+  writer.flush()
+  spreads = accelerator_smoke.metric_spreads(str(tmp_path))
+  assert spreads["retrieval_margin"] == pytest.approx(np.std([0.002, 0.004, 0.012, 0.02]))
+  assert spreads["mlm_accuracy"] == 0.0
+  rng = np.random.default_rng(0)
+  weights = [rng.normal(size=[4, 3]), rng.normal(size=[5])]
+  eager = _step(2.3456781, weights, 0.006410)
+  xla = _step(2.3456789, [w + 1.2e-7 for w in weights], 0.006422)
+  # tpu_readiness's absolute 1e-5 on every metric called it a difference.
+  assert [d.split(":")[0] for d in tpu_readiness.differences(eager, xla)] == [
+      "metric retrieval_margin"]
+  assert accelerator_smoke.step_differences(eager, xla, spreads) == []
+
+  def judged(**changes):
+    got = dataclasses.replace(xla, **changes)
+    return [d.split(":")[0] for d in accelerator_smoke.step_differences(eager, got, spreads)]
+  assert judged(loss=2.347) == ["loss 2.347 != 2.3456781"]                # 6e-4 relative
+  assert judged(weights=[weights[0], weights[1] + 1e-3]) == ["weight 1 (5,)"]
+  assert judged(metrics={**xla.metrics, "retrieval_margin": 0.0064 + 0.002}) == [
+      "metric retrieval_margin"]                       # 0.002 > 0.1 x its spread 0.0071
+  assert judged(metrics={**xla.metrics, "mlm_accuracy": 0.26}) == ["metric mlm_accuracy"]
+  assert judged(metrics={"mlm_accuracy": 0.25}) == ["metric index_age",
+                                                    "metric retrieval_margin"]
+
+
+def test_experiment_params_from_arguments_not_flags(tmp_path):
+  """The library functions take their parameters (only main reads absl's flags, which these
+  tests never define)."""
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+  dirs = {name: str(tmp_path / name) for name in ("pretrain", "blocks", "ict")}
+  files = {"vocab": str(vocab), "qa_train": str(tmp_path / "qa-train.jsonl")}
+  params = accelerator_smoke.experiment_params(
+      {"files": files, "dirs": dirs}, str(tmp_path / "aux"),
+      "realm_pretrain_cpu", 7, 3, retrieval="device",
+      params_override="task.train_data.global_batch_size=2")
+  assert params.trainer.train_steps == 7 and params.trainer.checkpoint_interval == 3
+  assert params.trainer.steps_per_loop == 3 and params.task.retrieval == "device"
+  assert params.task.train_data.global_batch_size == 2
+  assert params.task.model.reader.encoder.vocab_size == 7
+  assert params.task.index_dir == str(tmp_path / "aux" / "index")
 
 
 @pytest.mark.slow
