@@ -125,7 +125,7 @@ def test_scann_updates_keep_the_tuned_recall(use_tree, tmp_path):
   index.save(str(tmp_path / "s"))
   loaded = mips_index.load_index(str(tmp_path / "s"))
   np.testing.assert_array_equal(loaded.search(queries, 10)[0], ids)
-  assert os.path.exists(tmp_path / "s" / "scann" / "scann_docids.pkl")
+  assert os.path.exists(tmp_path / "s" / "scann" / "row_ids.npy")
 
 
 def test_rebalance_and_rebuild_rules():
@@ -189,3 +189,46 @@ def test_update_errors():
     index.delete([0, 2, 3])
   with pytest.raises(errors.CorpusFormatError, match="NaN"):
     index.append(np.full([1, 3], np.nan, np.float32))
+
+
+class _Plant:
+  """Unpickled, it creates the directory ``path`` (the proof that a pickle ran)."""
+
+  def __init__(self, path):
+    self.path = path
+
+  def __reduce__(self):
+    return (os.makedirs, (self.path,))
+
+
+@pytest.mark.parametrize("updated", [False, True])
+def test_a_planted_pickle_is_never_unpickled(updated, tmp_path):
+  """ScaNN's row ids are saved as ``.npy``; a ``scann_docids.pkl`` planted in an index
+  directory (where ScaNN's own loader would unpickle it) is refused with an error naming it,
+  another ``.pkl`` is ignored: neither ever runs."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  table = _clustered(600, 16, rng)
+  index = mips_index.ScannIndex.build(table)
+  if updated:
+    table = _random_updates(index, table, rng, rounds=2, fraction=0.05)
+  directory = tmp_path / "index"
+  index.save(str(directory))
+  saved = sorted(os.path.relpath(os.path.join(r, f), directory)
+                 for r, _, files in os.walk(directory) for f in files)
+  assert not [f for f in saved if f.endswith(".pkl")], saved
+  assert ("scann/row_ids.npy" in saved) == updated
+  queries = rng.standard_normal((8, 16)).astype(np.float32)
+  want, _ = _exact(queries, table, index.deleted, 10)
+  np.testing.assert_array_equal(mips_index.load_index(str(directory)).search(queries, 10)[0],
+                                want)
+  ran = tmp_path / "the_pickle_ran"
+  with open(directory / "elsewhere.pkl", "wb") as f:  # Never read: ignored.
+    pickle.dump(_Plant(str(ran)), f)
+  np.testing.assert_array_equal(mips_index.load_index(str(directory)).search(queries, 10)[0],
+                                want)
+  with open(directory / "scann" / "scann_docids.pkl", "wb") as f:
+    pickle.dump(_Plant(str(ran)), f)
+  with pytest.raises(errors.IndexFormatError, match=r"scann_docids\.pkl.*never.*rebuild"):
+    mips_index.load_index(str(directory))
+  assert not ran.exists()

@@ -35,8 +35,16 @@ misranks them (nearly collapsed embeddings of an untrained tower);
 ``settings.tuning.fallback_from`` records the first try.
 
 **Updates.** :meth:`MipsIndex.append` and :meth:`MipsIndex.delete` go through ScaNN's own
-``upsert`` and ``delete``, the searcher keyed by docids = rows (an index built without
-deletions has none until its first update: its points are rows ``0..n-1``). The rule after
+``upsert`` and ``delete`` (of its pybind searcher), the points mapped to rows by an int64 array
+(``row_ids``; None while the points are rows ``0..n-1``: no row was ever deleted). ScaNN's Python
+wrapper is not used for this: it keeps a list and a dict of Python ints (~100 bytes a point,
+1.3 GB at 13.3M blocks, against the array's 8 bytes) and saves them as a pickle.
+
+**No pickle.** The row ids are saved as ``scann/row_ids.npy`` and the searcher is loaded from its
+``scann_assets.pbtxt`` by the pybind class directly: nothing in an index directory is
+unpickled (ScaNN's ``load_searcher`` unpickles ``scann_docids.pkl``, which would run the code of
+whoever could write the directory). A directory that holds a ``scann_docids.pkl`` (an index
+updated before this, or a planted file) is refused with an error naming it. The rule after
 updates (:meth:`ScannIndex.maintenance`): **rebuild** (from the saved embeddings, nothing
 re-embedded) when the live count crosses a size boundary of the settings (2,000 or 20,000
 blocks by default), **rebalance** (ScaNN's ``rebalance``, then the tuning redone on the same
@@ -60,13 +68,17 @@ from realm_tf.retrieval import index_tuning
 from realm_tf.retrieval.scann_settings import ScannSettings
 
 SCANN_DIR = "scann"
+ROW_IDS_NAME = "row_ids.npy"  # In SCANN_DIR: ScaNN's point -> row, int64.
+ASSETS_NAME = "scann_assets.pbtxt"
+LEGACY_DOCIDS_NAME = "scann_docids.pkl"  # ScaNN's Python wrapper's pickle: never loaded.
 CENTER_NAME = "scann_center.npy"
 TUNING_QUERIES_NAME = "tuning_queries.npy"
 _UPSERT_BATCH = 256
 
 
 def _scann():
-  """``(scann_ops_pybind, scann_builder)``, imported on first use (loading ScaNN takes time)."""
+  """``(scann_ops_pybind, scann_builder)``, imported on first use (loading ScaNN takes time).
+  ``scann_ops_pybind.scann_pybind.ScannNumpy`` is the searcher itself (no Python wrapper)."""
   from scann.scann_ops.py import scann_builder  # pylint: disable=g-import-not-at-top
   from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
   return scann_ops_pybind, scann_builder
@@ -131,16 +143,19 @@ class ScannIndex(index_base.MipsIndex):
                embeddings=None, center: Optional[np.ndarray] = None,
                embeddings_path: Optional[str] = None, deleted: Optional[np.ndarray] = None,
                tuning_queries: Optional[np.ndarray] = None,
-               tuning_queries_path: Optional[str] = None):
+               tuning_queries_path: Optional[str] = None,
+               row_ids: Optional[np.ndarray] = None):
     super().__init__(num_blocks, dim, deleted)
-    self.searcher = searcher
+    self.searcher = searcher  # ScaNN's pybind searcher (``ScannNumpy``).
     self.center = center
     self._settings = dict(resolved)
     self._embeddings = embeddings
     self._embeddings_path = embeddings_path
     self._tuning_queries = tuning_queries
     self._tuning_queries_path = tuning_queries_path
-    self._row_of: Optional[np.ndarray] = None  # ScaNN's point -> row (None: the identity)
+    # ScaNN's point -> row, int64 (None: the identity, points are rows 0..n-1).
+    self._row_of: Optional[np.ndarray] = (None if row_ids is None
+                                          else np.asarray(row_ids, np.int64))
 
   # ---- building ----
   @classmethod
@@ -209,10 +224,9 @@ class ScannIndex(index_base.MipsIndex):
     if resolved.get("center"):
       center = np.asarray(points).mean(axis=0, dtype=np.float64).astype(np.float32)
       data = points - center
-    searcher = _builder(data, resolved, num_threads).build(
-        docids=None if live is None else live.tolist())
+    searcher = _builder(data, resolved, num_threads).build().searcher  # Point i: live[i].
     del data, points  # The centred copy; ScaNN keeps only its codes and int8 rows.
-    index = cls(searcher, n, dim, resolved, embeddings, center, deleted=deleted)
+    index = cls(searcher, n, dim, resolved, embeddings, center, deleted=deleted, row_ids=live)
     index._reset_update_counts()
     if resolved["mode"] != "brute_force" and (tune_leaves or tune_reordering):
       if tuning_queries is None:
@@ -296,19 +310,14 @@ class ScannIndex(index_base.MipsIndex):
     return self._embeddings
 
   def _point_rows(self) -> Optional[np.ndarray]:
-    """ScaNN's point -> row, from its docids (None: points are rows)."""
-    docids = self.searcher.docids
-    if docids is None:
-      return None
-    if self._row_of is None:
-      self._row_of = np.fromiter(docids, np.int64, len(docids))
+    """ScaNN's point -> row (None: points are rows)."""
     return self._row_of
 
   def _raw_search(self, queries, k: int, pre: int, leaves: Optional[int]):
-    """ScaNN's top ``k`` (rows, centred scores); the pybind searcher directly, so that the
-    docid mapping is one NumPy gather instead of ScaNN's Python loop."""
+    """ScaNN's top ``k`` (rows, centred scores); the point -> row mapping is one NumPy
+    gather."""
     parallel = len(queries) > 1
-    ids, scores = self.searcher.searcher.search_batched(
+    ids, scores = self.searcher.search_batched(
         queries, k, pre, -1 if leaves is None else leaves, parallel, 256 if parallel else 0)
     ids = np.asarray(ids).astype(np.int64).reshape(len(queries), -1)
     rows = self._point_rows()
@@ -363,24 +372,36 @@ class ScannIndex(index_base.MipsIndex):
     self._settings["updates"] = {"appended": 0, "deleted": 0, "points": self.num_live,
                                  "imbalance": float(imbalance)}
 
-  def _keyed_searcher(self):
-    """The searcher with docids (rows), as ScaNN's upsert and delete need."""
-    if self.searcher.docids is None:
-      scann_ops_pybind, _ = _scann()
-      self.searcher = scann_ops_pybind.ScannSearcher(
-          self.searcher.searcher, docids=list(range(self.searcher.size())))
-    return self.searcher
-
   def _append(self, rows, embeddings):
     data = embeddings if self.center is None else embeddings - self.center
-    self._keyed_searcher().upsert(rows.tolist(), data, batch_size=_UPSERT_BATCH)
-    self._row_of = None
+    # New points (None: no point to replace) go after the searcher's last, in order.
+    self.searcher.upsert([None] * len(rows), np.ascontiguousarray(data, np.float32),
+                         _UPSERT_BATCH)
+    if self._row_of is not None:  # Else the points stay rows 0..n-1: rows are num_blocks...
+      self._row_of = np.concatenate([self._row_of, rows])
     self._embeddings = index_base.RowTable.extend(self.embeddings, embeddings)
     self._settings["updates"]["appended"] += len(rows)
 
   def _delete(self, rows):
-    self._keyed_searcher().delete(rows.tolist())
-    self._row_of = None  # ScaNN moved its last points into the deleted ones' places.
+    """ScaNN deletes point by point, moving its last point into each deleted one's place; the
+    row ids follow the same moves."""
+    size = self.searcher.size()
+    row_of = (np.arange(size, dtype=np.int64) if self._row_of is None
+              else self._row_of.copy())
+    small = np.int32 if size < np.iinfo(np.int32).max else np.int64
+    point_of = np.full(self.num_blocks, -1, small)  # Row -> point, while deleting only.
+    point_of[row_of] = np.arange(size, dtype=small)
+    points = []
+    for row in rows.tolist():
+      point = int(point_of[row])
+      if point < 0:
+        raise errors.IndexFormatError(f"row {row} is not in the ScaNN searcher")
+      points.append(point)
+      size -= 1
+      moved = int(row_of[size])
+      row_of[point], point_of[moved], point_of[row] = moved, point, -1
+    self.searcher.delete(points)
+    self._row_of = row_of[:size]  # A view: the buffer's tail is len(rows) ids.
     self._settings["updates"]["deleted"] += len(rows)
 
   def _requested(self) -> ScannSettings:
@@ -424,7 +445,7 @@ class ScannIndex(index_base.MipsIndex):
     if action == "rebalance":
       start = time.time()
       before = self._settings["updates"]
-      self.searcher.rebalance()
+      self.searcher.rebalance("")  # Retrains on its current points; they keep their places.
       self._reset_update_counts()
       self._retune()
       logging.info("ScaNN: rebalanced after %s (imbalance %.3f -> %.3f) in %.1f s", before,
@@ -448,21 +469,17 @@ class ScannIndex(index_base.MipsIndex):
     if self.center is not None:
       np.save(os.path.join(directory, CENTER_NAME), self.center)
     # Relative paths, so the directory can be renamed into place after writing.
-    self.searcher.serialize(scann_dir, relative_path=True)
+    self.searcher.serialize(scann_dir, True)
+    if self._row_of is not None:
+      index_base.save_npy(os.path.join(scann_dir, ROW_IDS_NAME), self._row_of)
 
   @classmethod
   def load(cls, directory: str, manifest: dict, load_embeddings: bool = False) -> "ScannIndex":
     """The index saved in ``directory`` (whose checked ``manifest`` is given)."""
-    scann_ops_pybind, _ = _scann()
     n, dim = int(manifest["num_blocks"]), int(manifest["dim"])
     scann_dir = os.path.join(directory, SCANN_DIR)
-    if not os.path.isdir(scann_dir):
-      raise errors.IndexFormatError(f"{directory}: no {SCANN_DIR}/ artifacts")
-    try:
-      searcher = scann_ops_pybind.load_searcher(scann_dir)
-    except Exception as e:  # pylint: disable=broad-except
-      raise errors.IndexFormatError(f"cannot load the ScaNN searcher in {scann_dir}: "
-                                    f"{str(e).splitlines()[0] if str(e) else e!r}") from None
+    searcher = _load_searcher(scann_dir)
+    row_ids = _load_row_ids(scann_dir, n)
     embeddings_path = os.path.join(directory, index_base.EMBEDDINGS_NAME)
     embeddings = None
     if load_embeddings and os.path.exists(embeddings_path):
@@ -476,14 +493,62 @@ class ScannIndex(index_base.MipsIndex):
     index = cls(searcher, n, dim, manifest["settings"], embeddings, center,
                 embeddings_path=embeddings_path,
                 deleted=index_base.load_deleted(directory, manifest),
-                tuning_queries_path=queries if os.path.exists(queries) else None)
+                tuning_queries_path=queries if os.path.exists(queries) else None,
+                row_ids=row_ids)
     size = searcher.size()
     if size != index.num_live:
       raise errors.IndexFormatError(f"{scann_dir} holds {size} points, the manifest says "
                                     f"{index.num_live} live blocks")
+    if row_ids is None and len(index.deleted):
+      raise errors.IndexFormatError(f"{scann_dir} has no {ROW_IDS_NAME} but the manifest says "
+                                    f"{len(index.deleted)} rows are deleted: rebuild the index "
+                                    "(realm-index build)")
+    if row_ids is not None and len(row_ids) != size:
+      raise errors.IndexFormatError(f"{scann_dir}/{ROW_IDS_NAME} holds {len(row_ids)} ids for "
+                                    f"{size} points: rebuild the index (realm-index build)")
     index._settings.setdefault("updates", {"appended": 0, "deleted": 0, "points": size,
                                            "imbalance": 0.0})
     return index
+
+
+def _load_searcher(scann_dir: str):
+  """ScaNN's pybind searcher saved in ``scann_dir``, from its assets list; never unpickles
+  (see the module doc), never writes into the directory."""
+  legacy = os.path.join(scann_dir, LEGACY_DOCIDS_NAME)
+  if os.path.lexists(legacy):
+    raise errors.IndexFormatError(
+        f"{legacy}: a pickle, which realm_tf never loads (unpickling a file runs the code of "
+        "whoever could write it). ScaNN's wrapper saved the row ids so for indexes updated "
+        f"before realm_tf stored them as {ROW_IDS_NAME}; rebuild the index (realm-index build, "
+        "or the next realm-refresh build): the rebuild becomes LATEST and updates apply on top")
+  assets = os.path.join(scann_dir, ASSETS_NAME)
+  if not os.path.isfile(assets):
+    raise errors.IndexFormatError(f"{scann_dir}: no ScaNN artifacts ({ASSETS_NAME}); rebuild "
+                                  "the index (realm-index build)")
+  scann_ops_pybind, _ = _scann()
+  try:
+    with open(assets) as f:
+      return scann_ops_pybind.scann_pybind.ScannNumpy(scann_dir, f.read())
+  except Exception as e:  # pylint: disable=broad-except
+    raise errors.IndexFormatError(f"cannot load the ScaNN searcher in {scann_dir}: "
+                                  f"{str(e).splitlines()[0] if str(e) else e!r}") from None
+
+
+def _load_row_ids(scann_dir: str, num_blocks: int) -> Optional[np.ndarray]:
+  """``row_ids.npy`` of a saved searcher (None when absent: points are rows), checked."""
+  path = os.path.join(scann_dir, ROW_IDS_NAME)
+  if not os.path.exists(path):
+    return None
+  try:
+    ids = np.load(path, allow_pickle=False)
+  except (OSError, ValueError) as e:
+    raise errors.IndexFormatError(f"cannot read {path}: {e}") from None
+  if ids.ndim != 1 or ids.dtype.kind not in "iu":
+    raise errors.IndexFormatError(f"{path}: expected int64 row ids, got {ids.dtype} "
+                                  f"{ids.shape}")
+  if ids.size and (ids.min() < 0 or ids.max() >= num_blocks):
+    raise errors.IndexFormatError(f"{path}: row ids outside [0, {num_blocks})")
+  return ids.astype(np.int64, copy=False)
 
 
 def _pad(ids: np.ndarray, scores: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
