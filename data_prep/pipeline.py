@@ -7,11 +7,16 @@
   output_dir/pretrain/    train-*.tfrecord, eval-*.tfrecord + manifest.json
   output_dir/ict/         train-*.tfrecord, eval-*.tfrecord + manifest.json
 
-Each step writes its directory atomically. Command line (other flags are Beam pipeline
+Each step writes its directory atomically. With ``source_corpus`` (``--source_corpus NAME``)
+the corpus is documents that REALM does not retrieve from (the paper's X = CC-News over
+Z = Wikipedia): their blocks are only the unit the sentences are read from, the masked examples
+name no block of the knowledge corpus (``data_prep.pretrain_examples``), and no ICT examples are
+written. Command line (other flags are Beam pipeline
 options, e.g. ``--runner=DataflowRunner``)::
 
   python -m data_prep.pipeline --corpus world/articles.jsonl --vocab_file world/vocab.txt \\
       --output_dir /tmp/prepared --patterns_file world/entity_patterns.jsonl
+  python -m data_prep.pipeline --corpus world/news.jsonl --source_corpus news ...  # X != Z
 """
 
 import json
@@ -35,10 +40,13 @@ def prepare_all(corpus_jsonl_or_xml: str, vocab_file: str, output_dir: str,
                 block_seq_length: int = 288, query_seq_length: int = 96, max_masks: int = 10,
                 examples_per_sentence: int = 1, eval_fraction: float = 0.02,
                 drop_list_pages: bool = True, seed: int = 0,
-                pipeline_args: Optional[Sequence[str]] = None) -> Dict[str, Dict]:
+                pipeline_args: Optional[Sequence[str]] = None,
+                source_corpus: Optional[str] = None) -> Dict[str, Dict]:
   """Runs the four corpus pipelines; returns ``{"blocks"|"sentences"|"pretrain"|"ict": manifest}``
-  and each manifest's directory under ``"dirs"``."""
-  dirs = {k: os.path.join(output_dir, k) for k in ("blocks", "sentences", "pretrain", "ict")}
+  and each manifest's directory under ``"dirs"``. With ``source_corpus`` (a document corpus
+  that is not the knowledge corpus), the first three only."""
+  steps = ("blocks", "sentences", "pretrain") + (() if source_corpus else ("ict",))
+  dirs = {k: os.path.join(output_dir, k) for k in steps}
   start = time.time()
   out = {"dirs": dirs}
   out["blocks"] = blocks.run_blocks(corpus_jsonl_or_xml, vocab_file, dirs["blocks"], lower_case,
@@ -48,7 +56,12 @@ def prepare_all(corpus_jsonl_or_xml: str, vocab_file: str, output_dir: str,
                                                 patterns_file, pipeline_args=pipeline_args)
   out["pretrain"] = pretrain_examples.run_pretrain_examples(
       dirs["sentences"], vocab_file, dirs["pretrain"], masking, lower_case, query_seq_length,
-      max_masks, examples_per_sentence, eval_fraction, seed, pipeline_args=pipeline_args)
+      max_masks, examples_per_sentence, eval_fraction, seed, pipeline_args=pipeline_args,
+      source_corpus=source_corpus)
+  if source_corpus:
+    logging.info("prepare_all: %s documents done in %.1f s -> %s", source_corpus,
+                 time.time() - start, output_dir)
+    return out
   out["ict"] = ict_examples.run_ict_examples(
       dirs["blocks"], vocab_file, dirs["ict"], lower_case, query_seq_length, block_seq_length,
       eval_fraction=eval_fraction, seed=seed, pipeline_args=pipeline_args)
@@ -64,6 +77,7 @@ def define_flags() -> None:
   blocks.define_list_pages_flag()
   salient_spans.define_annotator_flags()
   pretrain_examples.define_masking_flags()
+  pretrain_examples.define_source_corpus_flag()
   cli.define_split_flags()
   flags.mark_flags_as_required(["corpus", "output_dir"])
   for module in (cli, blocks, salient_spans, pretrain_examples):
@@ -75,11 +89,12 @@ def main(argv):
   out = prepare_all(f.corpus, f.vocab_file, f.output_dir, f.masking, f.spacy_model,
                     f.patterns_file, f.lower_case, examples_per_sentence=f.examples_per_sentence,
                     eval_fraction=f.eval_fraction, drop_list_pages=not f.keep_list_pages,
-                    seed=f.seed, pipeline_args=argv[1:])
+                    seed=f.seed, pipeline_args=argv[1:], source_corpus=f.source_corpus)
   print(json.dumps({"blocks": out["blocks"]["num_blocks"],
                     "sentences": out["sentences"]["num_sentences"],
                     "pretrain_train": out["pretrain"]["num_train"],
-                    "ict_train": out["ict"]["num_train"], "dirs": out["dirs"]}))
+                    "ict_train": out["ict"]["num_train"] if "ict" in out else 0,
+                    "source_corpus": out["pretrain"]["source_corpus"], "dirs": out["dirs"]}))
 
 
 if __name__ == "__main__":

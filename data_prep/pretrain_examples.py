@@ -13,7 +13,11 @@ Maskings (``--masking``):
 
 Sentences longer than ``query_seq_length - 2`` wordpieces are cut around the masked span (kept,
 not skipped); see ``data_prep.masking``. Each example carries ``source_block_id`` and
-``source_uid``, the block the sentence came from, for "prohibit trivial retrieval".
+``source_uid``, the block the sentence came from, for "prohibit trivial retrieval", and
+``source_corpus``, the corpus it came from. With ``--source_corpus NAME`` the sentences are from
+documents that are not the knowledge corpus REALM retrieves from (the paper's X = CC-News over
+Z = Wikipedia): their examples name no block (``source_block_id`` -1, ``source_uid`` empty), so
+REALM excludes nothing for them, and ``source_corpus`` is NAME.
 
 Resampling: every example also carries the sentence's **variants**, the maskings training draws
 from (``variant_*`` features): ``salient``, one per usable salient span, all of them, in a seeded
@@ -84,18 +88,24 @@ def _float_feature(values):
 
 def to_example(q: masking_lib.MaskedQuery, record: Dict, query_seq_length: int,
                max_masks: int,
-               variants: Optional[Sequence[masking_lib.MaskedQuery]] = None) -> bytes:
+               variants: Optional[Sequence[masking_lib.MaskedQuery]] = None,
+               source_corpus: Optional[str] = None) -> bytes:
   """A masked query + its sentence record -> serialized tf.Example (fixed lengths).
 
   With ``variants`` (the sentence's maskings, ``q`` usually among them) the example also has
   ``num_variants`` and the flattened ``variant_*`` lists; without, only the fixed features.
+  With ``source_corpus`` (a name) the record's block is a document of another corpus than the
+  knowledge corpus: the example names no block (``features.EXTERNAL_SOURCE_BLOCK_ID``, empty
+  ``source_uid``) and records ``source_corpus``.
   """
   fixed = _padded(q, query_seq_length, max_masks)
   feature = {k: _float_feature(v) if k == "mlm_weights" else _int_feature(v)
              for k, v in fixed.items()}
   feature.update({
-      "source_block_id": _int_feature([record["block_id"]]),
-      "source_uid": _bytes_feature(record["block_uid"]),
+      "source_block_id": _int_feature([features.EXTERNAL_SOURCE_BLOCK_ID if source_corpus
+                                       else record["block_id"]]),
+      "source_uid": _bytes_feature("" if source_corpus else record["block_uid"]),
+      "source_corpus": _bytes_feature(source_corpus or features.KNOWLEDGE_CORPUS),
       "answer": _bytes_feature(q.answer),
       "sentence": _bytes_feature(record["sentence"]),
   })
@@ -268,10 +278,12 @@ class BuildExamplesFn(beam.DoFn):
   """A batch of sentence JSON lines -> ``(split, (key, serialized))``; events on "stats"."""
 
   def __init__(self, vocab_file, lower_case, masking, query_seq_length, max_masks,
-               examples_per_sentence, seed, eval_fraction, variants_per_sentence=8):
+               examples_per_sentence, seed, eval_fraction, variants_per_sentence=8,
+               source_corpus=None):
     self._cfg = (vocab_file, lower_case, masking, query_seq_length, max_masks,
                  examples_per_sentence, seed, variants_per_sentence)
     self._eval_fraction = eval_fraction
+    self._source_corpus = source_corpus
 
   def setup(self):
     from realm_tf.tokenization import RealmTokenizer
@@ -295,7 +307,7 @@ class BuildExamplesFn(beam.DoFn):
         yield beam_utils.count_event(f"examples:{split}")
         yield beam.pvalue.TaggedOutput(split, (
             (r["block_id"], r["sentence_index"], j + 1),
-            to_example(q, r, qlen, max_masks, variants)))
+            to_example(q, r, qlen, max_masks, variants, self._source_corpus)))
     self._progress.add(len(records))
 
 
@@ -311,12 +323,19 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
                           query_seq_length: int = 96, max_masks: int = 10,
                           examples_per_sentence: int = 1, eval_fraction: float = 0.02,
                           seed: int = 0, num_shards: int = 0, variants_per_sentence: int = 8,
-                          pipeline_args: Optional[Sequence[str]] = None) -> Dict:
+                          pipeline_args: Optional[Sequence[str]] = None,
+                          source_corpus: Optional[str] = None) -> Dict:
   """Runs the pre-training examples pipeline; writes ``output_dir`` atomically.
 
   ``variants_per_sentence``: the maskings a ``random_span``/``uniform`` sentence carries for
-  resampling (``salient`` sentences carry every usable span).
+  resampling (``salient`` sentences carry every usable span). ``source_corpus``: the name of
+  the document corpus the sentences come from when it is not the knowledge corpus (see the
+  module docstring); None: the sentences' blocks are the knowledge corpus.
   """
+  if source_corpus is not None and (not source_corpus.strip() or
+                                    source_corpus == features.KNOWLEDGE_CORPUS):
+    raise ValueError(f"source_corpus names a document corpus other than the knowledge corpus; "
+                     f"got {source_corpus!r} (leave it unset for the knowledge corpus)")
   if masking not in MASKINGS:
     raise ValueError(f"--masking must be one of {MASKINGS}, got {masking!r}")
   if variants_per_sentence < 1:
@@ -336,7 +355,7 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
              | "Mask" >> beam.ParDo(BuildExamplesFn(
                  vocab_file, lower_case, masking, query_seq_length, max_masks,
                  examples_per_sentence, seed, eval_fraction,
-                 variants_per_sentence)).with_outputs(
+                 variants_per_sentence, source_corpus)).with_outputs(
                      beam_utils.STATS_TAG, manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT))
       for split in (manifests.TRAIN_SPLIT, manifests.EVAL_SPLIT):
         _ = out[split] | f"Write_{split}" >> beam_utils.WriteTFRecordShards(
@@ -368,7 +387,13 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
         "vocab_file": vocab_file,
         "vocab_sha1": manifests.file_sha1(vocab_file),
         "lower_case": lower_case,
-        "blocks_fingerprint": sent_manifest["blocks_fingerprint"],
+        # The knowledge corpus's fingerprint when its blocks are the sentences' source; for
+        # another corpus the sentences' blocks are that corpus's, never retrieved from.
+        "blocks_fingerprint": (None if source_corpus else sent_manifest["blocks_fingerprint"]),
+        "source_corpus": source_corpus or features.KNOWLEDGE_CORPUS,
+        "source_blocks_fingerprint": sent_manifest["blocks_fingerprint"],
+        "trivial_retrieval": ("nothing excluded: the sentences are not from the knowledge corpus"
+                              if source_corpus else "the source block's uid is excluded"),
         "sentences_dir": sentences_dir,
         "annotator": sent_manifest.get("annotator"),
         "long_sentences": "cut around the masked span" if masking != "uniform" else "cut at end",
@@ -394,6 +419,14 @@ def define_masking_flags() -> None:
   flags.DEFINE_integer("examples_per_sentence", 1, "Examples per sentence, at most.")
 
 
+def define_source_corpus_flag() -> None:
+  """``--source_corpus`` (also ``data_prep.pipeline``'s)."""
+  flags.DEFINE_string("source_corpus", None,
+                      "The sentences are documents of this corpus (e.g. news), not of the "
+                      "knowledge corpus REALM retrieves from: their examples name no source "
+                      "block, so nothing is excluded from their candidates (X != Z).")
+
+
 def define_flags() -> None:
   """The command line's flags (see :mod:`data_prep.cli`)."""
   flags.DEFINE_string("sentences_dir", None, "The sentences directory (salient_spans' output).")
@@ -404,6 +437,7 @@ def define_flags() -> None:
                        "Maskings per sentence that training draws from (random_span, uniform; "
                        "salient uses every usable span).", lower_bound=1)
   flags.DEFINE_integer("max_masks", features.MAX_MASKS, "Masked wordpieces per query, at most.")
+  define_source_corpus_flag()
   cli.define_example_flags()
   flags.mark_flags_as_required(["sentences_dir", "output_dir"])
   flags.adopt_module_key_flags(cli)  # The shared flags show in --help too.
@@ -414,8 +448,9 @@ def main(argv):
   m = run_pretrain_examples(f.sentences_dir, f.vocab_file, f.output_dir, f.masking,
                             f.lower_case, f.query_seq_length, f.max_masks,
                             f.examples_per_sentence, f.eval_fraction, f.seed, f.num_shards,
-                            f.variants_per_sentence, pipeline_args=argv[1:])
-  print(json.dumps({k: m[k] for k in ("masking", "num_train", "num_eval")}))
+                            f.variants_per_sentence, pipeline_args=argv[1:],
+                            source_corpus=f.source_corpus)
+  print(json.dumps({k: m[k] for k in ("masking", "num_train", "num_eval", "source_corpus")}))
 
 
 if __name__ == "__main__":

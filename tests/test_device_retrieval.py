@@ -115,6 +115,72 @@ def test_same_candidates_and_features_as_the_host_path_on_the_demo_corpus(demo):
   assert (want["reader_mask"].sum(-1) == 40).any()
 
 
+def test_examples_from_another_corpus_exclude_nothing_on_both_paths(demo):
+  """X != Z: a query whose sentence is not from the corpus (source_block_id -1, no uid) keeps
+  its exact top k - 1 blocks, as brute force ranks them, on the host and on the device path;
+  a query from the corpus in the same batch still drops its own block."""
+  config, tok, store, model, emb = (demo[k] for k in ("config", "tokenizer", "store", "model",
+                                                     "emb"))
+  n = len(store)
+  builder = candidates.CandidateBuilder(store, config, ExactHandle(emb, step=3), tok.cls_id,
+                                        tok.sep_id)
+  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
+  retriever = device_retrieval.DeviceRetriever(store, config, tok.cls_id, tok.sep_id)
+  retriever.load(emb, step=3)
+  rng = np.random.default_rng(2)
+  b = 16
+  examples = random_examples(rng, b, 16, config.max_masks, demo["vocab_size"],
+                             np.zeros(b, np.int64), tok.cls_id, tok.sep_id, tok.mask_id)
+  # Every query from the corpus names the block it would retrieve first, so that excluding
+  # it shows; every other query is from another corpus.
+  q = model.query_embedder(dict(input_word_ids=examples["query_ids"],
+                                input_mask=examples["query_mask"],
+                                input_type_ids=np.zeros_like(examples["query_ids"])),
+                           training=False).numpy()
+  order = np.argsort(-(q @ emb.T), axis=1, kind="stable")
+  external = np.arange(b) % 2 == 0
+  examples["source_block_id"] = np.where(external, -1, order[:, 0])
+  examples["source_uid"] = np.array(["" if e else demo["blocks"][r]["uid"]
+                                     for e, r in zip(external, order[:, 0])])
+  examples["source_corpus"] = np.array([b"news" if e else b"knowledge" for e in external])
+  want = builder.features(examples)
+  got = tf.function(lambda x: retriever.features(x, model.query_embedder))(
+      retriever.host_features(examples))
+  for key in COMPARED:
+    np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
+  rows = want["candidate_rows"]
+  k = config.num_candidates
+  for i in range(b):
+    if external[i]:
+      # Nothing excluded: the brute-force top k - 1 (the first no duplicate uid of the first).
+      top = [int(r) for r in order[i] if not store.same_uid(np.array([r]),
+                                                            store.uid_digest(int(order[i, 0])))
+             or r == order[i, 0]][:k - 1]
+      assert rows[i, 1] == order[i, 0]
+      assert list(rows[i, 1:]) == top
+    else:
+      assert order[i, 0] not in rows[i]
+
+
+def test_source_checks_name_the_example_and_the_fix(demo):
+  store, blocks = demo["store"], demo["blocks"]
+  n = len(store)
+  with pytest.raises(InputError, match=rf"example 1 names source block {n}, which this corpus "
+                                       rf"of {n} blocks does not have.*--source_corpus"):
+    candidates.check_sources(store, [0, n], [blocks[0]["uid"], "x"])
+  with pytest.raises(InputError, match="example 0 names source block -2"):
+    candidates.check_sources(store, [-2])
+  with pytest.raises(InputError, match="example 0 names no source block but has source_uid"):
+    candidates.check_sources(store, [-1], [blocks[0]["uid"]])
+  with pytest.raises(InputError, match="example 1: source_corpus 'knowledge' disagrees"):
+    candidates.check_sources(store, [-1, -1], ["", ""], ["news", "knowledge"])
+  with pytest.raises(InputError, match="example 0: source_block_id 1 holds another uid"):
+    candidates.check_sources(store, [1], [blocks[2]["uid"]])
+  np.testing.assert_array_equal(
+      candidates.check_sources(store, [-1, 2], [b"", blocks[2]["uid"]], [b"news", b"knowledge"]),
+      [True, False])
+
+
 def duplicate_corpus(n=11, seed=0):
   """Blocks with random lengths; rows 0, 5 and 9 share one uid."""
   rng = np.random.default_rng(seed)
@@ -214,7 +280,7 @@ def test_clear_errors():
   retriever = device_retrieval.DeviceRetriever(store, tiny_config(), 2, 3)
   with pytest.raises(InputError, match=r"index embeddings of shape \(11, 4\).*11 blocks"):
     retriever.load(np.zeros([11, 4], np.float32), step=0)
-  with pytest.raises(InputError, match="source_block_id 11 is not a row"):
+  with pytest.raises(InputError, match="example 0 names source block 11, which this corpus of 11 blocks"):
     device_retrieval.source_groups(store, retriever.groups, [11])
   with pytest.raises(InputError, match="example 0: source_block_id 1 holds another uid"):
     device_retrieval.source_groups(store, retriever.groups, [1], [blocks[2]["uid"]])

@@ -57,8 +57,19 @@ BLOCK_FEATURES = {
 _BLOCK_BATCH_FEATURES = {k: v for k, v in BLOCK_FEATURES.items() if k != "doc_title"}
 _BLOCK_LIST_FEATURES = ("token_ids",)
 
+# The pre-training examples whose sentence comes from the knowledge corpus Z (the blocks REALM
+# retrieves from) name their block: ``source_block_id`` (its row) and ``source_uid``, which REALM
+# excludes from their candidates ("prohibit trivial retrieval"). Examples from a corpus of
+# documents that is not Z (the paper's X = CC-News over Z = Wikipedia) have
+# ``source_block_id`` = EXTERNAL_SOURCE_BLOCK_ID and an empty ``source_uid``: nothing is
+# excluded. ``source_corpus`` names the corpus either way (KNOWLEDGE_CORPUS for Z; examples
+# written before the feature existed are all from Z and parse as such).
+EXTERNAL_SOURCE_BLOCK_ID = -1
+KNOWLEDGE_CORPUS = "knowledge"
+
 PRETRAIN_HOST_FEATURES = {
     "source_uid": tf.io.FixedLenFeature([], tf.string),
+    "source_corpus": tf.io.FixedLenFeature([], tf.string, default_value=KNOWLEDGE_CORPUS),
     "answer": tf.io.FixedLenFeature([], tf.string),
     "sentence": tf.io.FixedLenFeature([], tf.string),
 }

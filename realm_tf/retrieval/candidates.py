@@ -5,6 +5,9 @@ For a batch of masked queries (the pre-training examples pipeline's output):
 1. embed the queries with the query-tower snapshot stored with the current index;
 2. search the top ``k - 1 + slack`` blocks through the ``IndexHandle``;
 3. drop every block whose uid equals the query's source uid ("prohibit trivial retrieval");
+   a query from a document corpus that is not the knowledge corpus (X != Z: its
+   ``source_block_id`` is ``features.EXTERNAL_SOURCE_BLOCK_ID``, its ``source_uid`` empty)
+   drops nothing (``check_sources``);
 4. put the null block (``[CLS] [SEP] [SEP]``) first and keep ``k`` candidates in all;
 5. build int32 block inputs ``[b, k, Lb]`` and reader inputs ``[CLS] query [SEP] body [SEP]``
    ``[b, k, Lr]``;
@@ -201,6 +204,9 @@ class CandidateBuilder:
                candidates: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """Fixed-shape int32 device inputs for a batch of parsed pre-training examples."""
     check_query_length(examples, self.config)
+    if "source_block_id" in examples:
+      check_sources(self.store, examples["source_block_id"], examples.get("source_uid"),
+                    examples.get("source_corpus"))
     query_ids = examples["query_ids"].astype(np.int32)
     query_mask = examples["query_mask"].astype(np.int32)
     if candidates is None:
@@ -258,6 +264,56 @@ class CandidateBuilder:
     ids.reshape(-1)[target] = bodies[keep]
     types.reshape(-1)[target] = 1
     return ids, types
+
+
+def check_sources(store: block_store.BlockStore, source_block_ids, source_uids=None,
+                  source_corpora=None) -> np.ndarray:
+  """Checks the source block each masked example names against the corpus it retrieves from.
+
+  An example from the knowledge corpus names its block (a row of ``store`` whose uid is its
+  ``source_uid``), which REALM excludes from its candidates; one from another corpus of
+  documents (X != Z) names none: ``source_block_id`` ``features.EXTERNAL_SOURCE_BLOCK_ID``,
+  an empty ``source_uid``, and a ``source_corpus`` other than ``features.KNOWLEDGE_CORPUS``.
+  Returns bool ``[b]``: which examples are from another corpus.
+
+  Raises:
+    InputError: naming the first example whose source block the corpus does not have, whose
+      uid differs from that block's (the examples were made from another version of the
+      corpus), or whose fields disagree on which corpus it came from.
+  """
+  ids = np.asarray(source_block_ids, np.int64).reshape(-1)
+  n = len(store)
+  external = ids == features.EXTERNAL_SOURCE_BLOCK_ID
+  bad = np.flatnonzero(~external & ((ids < 0) | (ids >= n)))
+  if bad.size:
+    i = int(bad[0])
+    raise InputError(
+        f"example {i} names source block {int(ids[i])}, which this corpus of {n} blocks does "
+        f"not have: rebuild the examples from this corpus's blocks, or, for sentences of "
+        f"another corpus (X != Z), with data_prep --source_corpus NAME (source_block_id "
+        f"{features.EXTERNAL_SOURCE_BLOCK_ID})")
+  if source_corpora is not None:
+    corpora = [c.decode() if isinstance(c, bytes) else str(c)
+               for c in np.asarray(source_corpora).reshape(-1)]
+    named = np.array([c != features.KNOWLEDGE_CORPUS for c in corpora], bool)
+    if (named != external).any():
+      i = int(np.flatnonzero(named != external)[0])
+      raise InputError(f"example {i}: source_corpus {corpora[i]!r} "
+                       f"disagrees with its source_block_id {int(ids[i])} (-1 only for "
+                       f"sentences from another corpus than '{features.KNOWLEDGE_CORPUS}')")
+  if source_uids is not None:
+    uids = list(np.asarray(source_uids, object).reshape(-1))
+    if any(len(uids[i]) for i in np.flatnonzero(external)):
+      i = int(next(i for i in np.flatnonzero(external) if len(uids[i])))
+      raise InputError(f"example {i} names no source block but has source_uid {uids[i]!r}")
+    inside = np.flatnonzero(~external)
+    if inside.size:
+      same = store.same_uid(ids[inside], [uids[i] for i in inside])
+      if not same.all():
+        i = int(inside[np.flatnonzero(~same)[0]])
+        raise InputError(f"example {i}: source_block_id {ids[i]} holds another uid than its "
+                         f"source_uid {uids[i]!r}: the examples were made from another corpus")
+  return external
 
 
 def check_query_length(examples: Dict[str, np.ndarray], config: configs.RealmModelConfig):

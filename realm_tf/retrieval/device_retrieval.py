@@ -61,24 +61,15 @@ def uid_groups(store: block_store.BlockStore) -> np.ndarray:
 
 
 def source_groups(store: block_store.BlockStore, groups: np.ndarray, source_block_ids,
-                  source_uids=None) -> np.ndarray:
+                  source_uids=None, source_corpora=None) -> np.ndarray:
   """int32 ``[b]``: the uid group (``uid_groups``) of each query's source block, the host
-  side of a batch; with ``source_uids``, each is checked against the store's uid of that row.
+  side of a batch, checked as the host path checks them (``candidates.check_sources``); -1
+  for a query from another corpus than the knowledge corpus (X != Z), which bans no block.
   """
+  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   ids = np.asarray(source_block_ids, np.int64).reshape(-1)
-  n = len(store)
-  bad = ids[(ids < 0) | (ids >= n)]
-  if bad.size:
-    raise InputError(f"source_block_id {int(bad[0])} is not a row of this corpus of {n} "
-                     "blocks")
-  if source_uids is not None:
-    same = store.same_uid(ids, list(source_uids))
-    if not same.all():
-      i = int(np.flatnonzero(~same)[0])
-      raise InputError(f"example {i}: source_block_id {ids[i]} holds another uid than its "
-                       f"source_uid {source_uids[i]!r}: the examples were made from another "
-                       "corpus")
-  return groups[ids]
+  external = candidates.check_sources(store, ids, source_uids, source_corpora)
+  return np.where(external, -1, groups[np.where(external, 0, ids)]).astype(np.int32)
 
 
 def host_features(examples: Dict[str, np.ndarray], config: configs.RealmModelConfig,
@@ -94,7 +85,8 @@ def host_features(examples: Dict[str, np.ndarray], config: configs.RealmModelCon
               mlm_ids=examples["mlm_ids"].astype(np.int32),
               mlm_weights=examples["mlm_weights"].astype(np.float32),
               source_group=source_groups(store, groups, examples["source_block_id"],
-                                         examples.get("source_uid")))
+                                         examples.get("source_uid"),
+                                         examples.get("source_corpus")))
 
 
 class DeviceRetriever(tf.Module):
