@@ -20,7 +20,13 @@ Outputs (:func:`write_world`):
 * ``entity_patterns.jsonl``: spaCy ``EntityRuler`` patterns (PERSON, GPE, ORG, WORK_OF_ART)
   for every invented name;
 * ``facts.jsonl``: ``{"subject", "relation", "object", "articles": [titles stating it]}``;
-* ``vocab.txt`` (with ``vocab_size``): a WordPiece vocabulary learned from the articles.
+* ``vocab.txt`` (with ``vocab_size``): a WordPiece vocabulary learned from the articles;
+* ``news.jsonl``: ``{"title", "text", "date"}``, short dated news items (:func:`generate_news`)
+  that restate the facts of a share of the entities in their own wording (neither the
+  articles' sentences nor the questions'), mixed with items that state no fact: the paper's
+  second pre-training corpus (X = CC-News, retrieving from Z = Wikipedia) at toy size;
+* ``news_coverage.json``: which entities the news covers (``covered``) and which it never
+  covers (``never_covered``), the share and the seed.
 
 Example::
 
@@ -227,6 +233,91 @@ def generate_world(seed: int = 0, num_regions: int = 6, num_cities: int = 30,
   return World(articles, qa, patterns, fact_list)
 
 
+# The news restates a fact in its own wording: one template per relation ({s} the subject, {o}
+# the object); none is an article's sentence or a question (tests/test_data_prep_world.py).
+NEWS_TEMPLATES = {
+    "born_in": "Admirers gathered in {o}, the hometown of {s}, for an exhibition on Saturday.",
+    "born_year": "A new biography reports that {s} came into the world in the year {o}.",
+    "occupation": "Visitors learned how {s} earned a living as {o_article} for decades.",
+    "author": "Booksellers report strong demand for {s}, the celebrated work of {o}.",
+    "work_year": "Scholars marked the anniversary of {s}, which first reached readers in {o}.",
+    "org_year": "Members of the {s} recalled its beginnings in {o} at a dinner on Friday.",
+    "founder": "A portrait of {o}, the person who started the {s}, was unveiled this week.",
+    "city": "The {s} plans to enlarge its offices in {o}, a spokesperson said.",
+    "region": "Heavy rain closed roads around {s}, in the {o} area, on Monday.",
+    "founded": "Residents of {s} held a festival for the town charter granted in {o}.",
+}
+# Sentences that state no fact, about a covered entity ({e}) of the kind named.
+NEWS_FILLERS = {
+    "person": ("Tickets for an evening honouring {e} sold out within hours.",
+               "A letter signed by {e} was sold at auction this week."),
+    "city": ("Markets in {e} were quiet this week, traders said.",
+             "A new bridge in {e} opened to traffic on Wednesday."),
+    "region": ("The weather stayed mild across {e} over the weekend.",),
+    "org": ("A spokesperson for the {e} declined to comment on the rumours.",),
+    "work": ("A small theatre staged a reading of {e} to a full house.",),
+}
+_PAPERS = ("Evening Courier", "Morning Herald", "Weekly Gazette", "Daily Ledger")
+
+
+def _entity_kinds(world: World) -> Dict[str, str]:
+  """Entity name -> "person", "city", "region", "org" or "work" (from the world's patterns)."""
+  kinds = {}
+  for p in world.patterns:
+    label, name = p["label"], p["pattern"]
+    kinds[name] = {"PERSON": "person", "ORG": "org", "WORK_OF_ART": "work"}.get(label, "gpe")
+  regions = {f["object"] for f in world.facts if f["relation"] == "region"}
+  for name, kind in kinds.items():
+    if kind == "gpe":
+      kinds[name] = "region" if name in regions else "city"
+  return kinds
+
+
+def generate_news(world: World, seed: int = 0, share: float = 0.5,
+                  filler_per_entity: float = 0.5) -> Tuple[List[Dict], Dict]:
+  """Dated news items about ``share`` of the world's entities (chosen by ``seed``).
+
+  Every fact whose subject is a covered entity is restated once, in :data:`NEWS_TEMPLATES`'s
+  wording, in an item of its own; about ``filler_per_entity`` items per covered entity state no
+  fact (:data:`NEWS_FILLERS`). An entity not covered is never named in the news. Each item is
+  ``{"title": "<paper>, <year>", "text", "date": "YYYY-MM-DD"}``, in a seeded
+  order. Returns the items and the coverage record (``covered``, ``never_covered``, ``share``,
+  ``seed``).
+  """
+  if not 0.0 <= share <= 1.0:
+    raise ValueError(f"share must be in [0, 1], got {share}")
+  rng = random.Random(f"news-{seed}")
+  kinds = _entity_kinds(world)
+  subjects = sorted({f["subject"] for f in world.facts})
+  covered = set(rng.sample(subjects, round(share * len(subjects))))
+  works = {n for n, k in kinds.items() if k == "work"}
+  texts = []
+  for f in world.facts:
+    if f["subject"] not in covered:
+      continue
+    relation = f["relation"]
+    if relation == "year":
+      relation = "work_year" if f["subject"] in works else "org_year"
+    texts.append(NEWS_TEMPLATES[relation].format(s=f["subject"], o=f["object"],
+                                                 o_article=_article(f["object"])))
+  for name in sorted(covered):
+    if rng.random() < filler_per_entity:
+      texts.append(rng.choice(NEWS_FILLERS[kinds.get(name, "city")]).format(e=name))
+  rng.shuffle(texts)
+  items = []
+  for i, text in enumerate(texts):
+    year, month, day = rng.randint(1950, 2020), rng.randint(1, 12), rng.randint(1, 28)
+    # A short title (a block's title shares its wordpieces with the body); the date in full.
+    items.append({"title": f"{_PAPERS[i % len(_PAPERS)]}, {year}",
+                  "text": text,
+                  "date": f"{year:04d}-{month:02d}-{day:02d}"})
+  coverage = {"seed": seed, "share": share, "covered": sorted(covered),
+              "never_covered": sorted(set(subjects) - covered),
+              "fact_items": sum(1 for f in world.facts if f["subject"] in covered),
+              "items": len(items)}
+  return items, coverage
+
+
 def build_demo_vocab(texts, output_file: str, vocab_size: int = 3000,
                      lower_case: bool = True, whole_words: Sequence[str] = ()) -> List[str]:
   """Learns the demo's WordPiece vocabulary from article texts (``realm_tf`` ``learn_vocab``).
@@ -322,30 +413,38 @@ def qa_split_records(world: World, dev_fraction: float = 0.1,
 
 def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
                 lower_case: bool = True, whole_word_names: bool = False,
-                qa_dev_fraction: float = 0.1, qa_test_fraction: float = 0.2) -> Dict[str, str]:
+                qa_dev_fraction: float = 0.1, qa_test_fraction: float = 0.2,
+                news_seed: int = 0, news_share: float = 0.5) -> Dict[str, str]:
   """Writes the world's files into ``output_dir`` atomically; returns their paths.
 
   The keys: ``articles``, ``qa``, ``qa_train``, ``qa_dev``, ``qa_test``, ``patterns``,
-  ``facts`` and, with ``vocab_size``, ``vocab``. With ``vocab_size``, also learns
+  ``facts``, ``news``, ``news_coverage`` (:func:`generate_news` with ``news_seed`` and
+  ``news_share``) and, with ``vocab_size``, ``vocab``. With ``vocab_size``, also learns
   ``vocab.txt``; ``whole_word_names`` makes every name word and year one wordpiece, so a
   masked name is one token the reader can copy from a block. ``qa_dev_fraction`` and
   ``qa_test_fraction`` are :func:`split_qa`'s.
   """
   names = {"articles": "articles.jsonl", "qa": "qa.jsonl", "qa_train": "qa-train.jsonl",
            "qa_dev": "qa-dev.jsonl", "qa_test": "qa-test.jsonl",
-           "patterns": "entity_patterns.jsonl", "facts": "facts.jsonl"}
+           "patterns": "entity_patterns.jsonl", "facts": "facts.jsonl", "news": "news.jsonl",
+           "news_coverage": "news_coverage.json"}
   qa_splits = qa_split_records(world, qa_dev_fraction, qa_test_fraction)
+  news, coverage = generate_news(world, news_seed, news_share)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     for key, rows in (("articles", world.articles), ("qa", world.qa),
                       ("qa_train", qa_splits["train"]), ("qa_dev", qa_splits["dev"]),
                       ("qa_test", qa_splits["test"]),
-                      ("patterns", world.patterns), ("facts", world.facts)):
+                      ("patterns", world.patterns), ("facts", world.facts), ("news", news)):
       with open(os.path.join(tmp, names[key]), "w", encoding="utf-8") as f:
         for row in rows:
           f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with open(os.path.join(tmp, names["news_coverage"]), "w", encoding="utf-8") as f:
+      json.dump(coverage, f, indent=1)
     if vocab_size:
       build_demo_vocab([a["title"] + "\n" + a["text"] for a in world.articles] +
-                       [q["question"] for q in world.qa], os.path.join(tmp, "vocab.txt"),
+                       [q["question"] for q in world.qa] +
+                       [n["title"] + "\n" + n["text"] for n in news],
+                       os.path.join(tmp, "vocab.txt"),
                        vocab_size, lower_case,
                        whole_words=name_words(world) if whole_word_names else ())
       names["vocab"] = "vocab.txt"
@@ -360,6 +459,8 @@ def define_flags() -> None:
                         ("num_organizations", 24), ("num_works", 50)):
     flags.DEFINE_integer(name, default, f"How many {name[len('num_'):]} the world has.",
                          lower_bound=1)
+  flags.DEFINE_float("news_share", 0.5, "Share of the entities whose facts the news restates.",
+                     lower_bound=0.0, upper_bound=1.0)
   flags.DEFINE_integer("vocab_size", 0,
                        "Also learn a WordPiece vocab.txt of about this size (0: no).",
                        lower_bound=0)
@@ -371,7 +472,8 @@ def main(argv):
   f = flags.FLAGS
   world = generate_world(f.seed, f.num_regions, f.num_cities, f.num_people,
                          f.num_organizations, f.num_works)
-  paths = write_world(world, f.output_dir, f.vocab_size or None)
+  paths = write_world(world, f.output_dir, f.vocab_size or None, news_seed=f.seed,
+                      news_share=f.news_share)
   print(json.dumps({"articles": len(world.articles), "qa": len(world.qa),
                     "patterns": len(world.patterns), "facts": len(world.facts), **paths}))
 
