@@ -215,6 +215,9 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
     retriever_freeze_steps: the retriever (both towers) gets no gradient for the first N
       steps, so the reader first learns to read the retriever's candidates (Atlas's
       ``freeze_retriever_steps``); 0, the paper's recipe: both train from the first step.
+    lr_retriever: a multiplier on the learning rate of the retriever (both towers) relative to
+      the reader's (Atlas's ``lr_retriever``): the optimizer's step of their variables is
+      scaled by it (``tasks.base.scale_updates``); 1.0, the paper's recipe: one rate.
 
   Validation (``validation_data``: held-out masked sentences) retrieves exactly, over the
   whole corpus embedded with the current block tower: it measures the model, not the
@@ -235,6 +238,7 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   retrieval: str = "host"
   health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
   retriever_freeze_steps: int = 0
+  lr_retriever: float = 1.0
 
 
 @dataclasses.dataclass

@@ -419,6 +419,15 @@ class RealmPretrainTask(base.RealmBaseTask):
     return [(g * tf.cast(live, g.dtype), v) if id(v) in towers else (g, v)
             for g, v in grads_and_vars]
 
+  def update_scales(self, model):
+    """The towers' steps scaled by ``lr_retriever`` (see ``configs.RealmPretrainTaskConfig``)."""
+    c = float(self.task_config.lr_retriever)
+    if c < 0:
+      raise configs.ConfigError(f"task.lr_retriever must be >= 0, got {c}")
+    towers = {id(v): v for v in (model.query_embedder.trainable_variables +
+                                 model.block_embedder.trainable_variables)}
+    return [(list(towers.values()), c)]   # Each once: the towers may share variables.
+
   def train_step(self, inputs, model, optimizer, metrics=None):
     if self.task_config.retrieval == "device":
       if self._device is None:
