@@ -11,6 +11,7 @@ serves the tests of the refreshed run; the other runs keep their refresher in a 
 """
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -266,6 +267,10 @@ def test_train_and_eval_then_eval(realm_world, realm_run):
   assert logs["validation/qa_recall@5"] == pytest.approx(validation["qa_recall@5"][6])
   with open(qa_dev, encoding="utf-8") as f:
     assert validation["qa_questions"][6] == sum(1 for line in f if line.strip()) > 0
+  # The step-0 recalls the health alarms compare against, kept for a resumed run.
+  with open(os.path.join(model_dir, "health_baseline.json"), encoding="utf-8") as f:
+    assert json.load(f) == pytest.approx({"recall@5": validation["recall@5"][0],
+                                          "qa_recall@5": validation["qa_recall@5"][0]})
   train = helpers.scalars(os.path.join(model_dir, "train"))
   for tag in ("training_loss", "retrieval_entropy_ratio", "p_null", "retrieval_margin",
               "candidates_with_answer", "reader_gain_other", "block_cosine",
