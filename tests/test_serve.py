@@ -20,6 +20,7 @@ from realm_tf import tokenization
 from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.openqa import predict
+from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
@@ -73,13 +74,12 @@ def world(tmp_path_factory):
   refresher.build_index_for_checkpoint(None, model, blocks, index, refresher.BuildOptions(
       index_type="brute_force", recall_queries=0, progress=False, tensorboard_dir=""))
   questions = [q["question"] for q in w.qa][:12]
-  service = service_lib.QAService(model, index, poll_seconds=0.1, max_in_flight=8)
-  with app_lib.BackgroundServer(app_lib.create_app(service, token=TOKEN,
-                                                   max_question_chars=200,
-                                                   max_body_bytes=4096)) as server:
+  app = app_lib.create_app(
+      lambda: service_lib.QAService(model, index, poll_seconds=0.1, max_in_flight=8),
+      token=TOKEN, max_question_chars=200, max_body_bytes=4096)
+  with app_lib.BackgroundServer(app) as server:  # Its lifespan opens and closes the service.
     yield dict(root=root, model=model, index=index, blocks=blocks, url=server.url,
-               service=service, questions=questions, titles=titles, bodies=bodies)
-  service.close()
+               service=app.state.service, questions=questions, titles=titles, bodies=bodies)
 
 
 def _reference(world, questions):
@@ -112,6 +112,8 @@ def test_answers_match_openqa(world):
   status, health = request(world["url"] + "/healthz")
   assert status == 200 and health["status"] == "ok" and health["num_blocks"] == len(
       world["bodies"])
+  assert health["checkpoint"] == "ckpt-1", health  # No path of the host.
+  assert not any(os.sep in str(v) for v in health.values()), health
   status, spec = request(world["url"] + "/openapi.json")
   assert status == 200
   assert {"/answer", "/healthz", "/documents", "/documents/{uid}"} <= set(spec["paths"])
@@ -157,11 +159,65 @@ def test_documents_need_the_token(world, tmp_path):
          ({"documents": [{"title": 1, "text": "x"}]}, 422)]
   for body, status in bad:
     assert request(world["url"] + "/documents", body, token=TOKEN)[0] == status
-  # A server started without a token takes no updates at all.
-  with app_lib.BackgroundServer(app_lib.create_app(world["service"])) as plain:
+  # A server started without a token takes no updates at all (this app opens no service: the
+  # module's is injected).
+  plain_app = app_lib.create_app(None)
+  plain_app.dependency_overrides[app_lib.get_service] = lambda: world["service"]
+  with app_lib.BackgroundServer(plain_app) as plain:
     got_status, got = request(plain.url + "/documents", doc, token="anything")
     assert got_status == 403 and "disabled" in got["error"]
+    assert request(plain.url + "/answer", {"question": "where?"})[0] == 200
+  assert not world["service"]._stop.is_set()  # pylint: disable=protected-access
   assert publish.read_latest(world["index"]).endswith("step-1")  # Nothing was updated.
+
+
+def test_update_errors_of_the_request_and_of_the_index(world, monkeypatch):
+  """A document with no text is the request's fault (422); an index whose block tower cannot
+  be restored is the server's state (409, its paths in the log only). Nothing is published."""
+  url = world["url"]
+  status, got = request(url + "/documents", {"documents": [{"title": "T", "text": " "}]},
+                        token=TOKEN)
+  assert status == 422 and "no text" in got["error"], got
+
+  def other_tower(unused_self, path, unused_manifest):
+    raise errors.IndexUpdateError(f"the index {path} was embedded with another block tower")
+
+  monkeypatch.setattr(updates.Updater, "_tower", other_tower)
+  doc = {"documents": [{"title": "T", "text": "the king was born in paris."}]}
+  status, got = request(url + "/documents", doc, token=TOKEN)
+  assert status == 409 and "cannot take" in got["error"], got
+  assert world["index"] not in got["error"], got
+  monkeypatch.undo()
+  assert publish.read_latest(world["index"]).endswith("step-1")
+  assert request(url + "/answer", {"question": "where?"})[0] == 200
+
+
+def test_closing_drops_the_questions_that_timed_out(world, monkeypatch):
+  """Questions queued behind a stuck batch time out (503); closing the service then drops
+  them without raising and fails the one still waiting."""
+  service = service_lib.QAService(world["model"], world["index"], max_batch=1,
+                                  timeout_seconds=1.0)
+  stuck = threading.Event()
+  answer_batch = service._answer_batch  # pylint: disable=protected-access
+
+  def stuck_batch(*args):
+    stuck.wait(60)
+    return answer_batch(*args)
+
+  monkeypatch.setattr(service, "_answer_batch", stuck_batch)
+  app = app_lib.create_app(None)
+  app.dependency_overrides[app_lib.get_service] = lambda: service
+  with app_lib.BackgroundServer(app) as server:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+      statuses = list(pool.map(lambda q: request(server.url + "/answer", {"question": q})[0],
+                               ["first", "second", "third"]))
+  assert statuses == [503] * 3, statuses
+  waiting = service.submit("fourth", 1)  # Queued; its request has not given up.
+  threading.Timer(0.5, stuck.set).start()
+  service.close()  # Before the fix: InvalidStateError on the first cancelled question.
+  assert isinstance(waiting.exception(timeout=1), service_lib.Unavailable)
+  assert service._queue.empty() and service._in_flight == 0  # pylint: disable=protected-access
+  service.close()
 
 
 def test_overload_gets_429_never_an_error(world, monkeypatch):
@@ -247,7 +303,7 @@ def test_hot_swaps_updates_and_deletions(world):
   every = index.search(np.ones([1, index.dim], np.float32), index.num_live)[0]
   assert new_row not in every and index.num_live == index.num_blocks - 1
   status, again = request(url + f"/documents/{uid}", method="DELETE", token=TOKEN)
-  assert status == 422 and "no live block" in again["error"]
+  assert status == 404 and "no live block" in again["error"], again
   asker.stop.set()
   asker.join()
   # No request failed while the indexes changed under it, and it saw them change.
@@ -268,13 +324,18 @@ def test_the_page(world):
 
 
 def test_realm_serve_reports_bad_flags_on_one_line(tmp_path):
+  """A missing model directory, and one that holds no model (found by the service the app's
+  lifespan opens): ``error: <message>`` on one line, status 2, no traceback."""
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([sys.executable, "-m", "realm_tf.binaries.serve",
-                         f"--model_dir={tmp_path / 'nothing'}", f"--index_dir={tmp_path}"],
-                        capture_output=True, text=True, timeout=300, cwd=repo,
-                        env=dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3"))
-  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr
-  assert "model directory not found" in lines[0], lines
+  for model_dir, words in ((tmp_path / "nothing", "model directory not found"),
+                           (tmp_path, str(tmp_path))):
+    proc = subprocess.run([sys.executable, "-m", "realm_tf.binaries.serve",
+                           f"--model_dir={model_dir}", f"--index_dir={tmp_path}", "--port=0"],
+                          capture_output=True, text=True, timeout=300, cwd=repo,
+                          env=dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="3"))
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert words in lines[0], lines

@@ -107,13 +107,13 @@ def trained(tmp_path_factory):
       articles[record["title"]] = record["text"]
   with open(files["qa_train"], encoding="utf-8") as f:
     qa = [json.loads(line) for line in f]
-  service = service_lib.QAService(model, index, poll_seconds=0.2)
-  with app_lib.BackgroundServer(app_lib.create_app(service, token=TOKEN)) as server:
+  app = app_lib.create_app(lambda: service_lib.QAService(model, index, poll_seconds=0.2),
+                           token=TOKEN)
+  with app_lib.BackgroundServer(app) as server:  # Its lifespan opens and closes the service.
     yield dict(root=root, index=index, blocks=blocks, model=model, url=server.url,
                articles=articles, qa=qa,
                cities=sorted({a for q in qa if q["question"].startswith("Where was")
                               for a in q["answers"]}))
-  service.close()
 
 
 def _ask(url, question, top_k=5):

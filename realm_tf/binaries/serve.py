@@ -14,14 +14,19 @@ Newer indexes published in ``--index_dir`` (by ``realm-refresh`` or ``realm-inde
 upsert|delete``) are picked up between requests. ``POST /documents`` and ``DELETE
 /documents/{uid}`` need the token of ``--token_file`` (or ``$REALM_SERVE_TOKEN``); without
 one they are disabled. Listens on 127.0.0.1 unless ``--host`` says otherwise.
+
+The service (the model, the index) is opened when the server starts and closed when it stops
+(the app's lifespan); an error opening it is reported as ``error: <message>``, status 2.
 """
 
+import logging
 import os
 
 from absl import app
 from absl import flags
 
 from realm_tf import configs
+from realm_tf import errors
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 
@@ -66,20 +71,33 @@ def main(argv):
   token = _token()
   if not os.path.isdir(FLAGS.model_dir):
     raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
-  service = service_lib.QAService(
-      FLAGS.model_dir, FLAGS.index_dir, checkpoint=FLAGS.checkpoint,
-      reader_beam_size=FLAGS.reader_beam_size, max_batch=FLAGS.max_batch,
-      max_in_flight=FLAGS.max_in_flight, timeout_seconds=FLAGS.timeout_seconds,
-      poll_seconds=FLAGS.poll_seconds, keep=FLAGS.keep)
-  app = app_lib.create_app(service, token=token, max_question_chars=FLAGS.max_question_chars)
-  health = service.health()
-  print(f"[realm-serve] model step {health['model_step']}, index {health['index']} "
-        f"({health['num_blocks']} blocks); updates {'on' if token else 'off (no token)'}; "
-        f"serving on http://{FLAGS.host}:{FLAGS.port}/", flush=True)
+
+  def open_service():
+    service = service_lib.QAService(
+        FLAGS.model_dir, FLAGS.index_dir, checkpoint=FLAGS.checkpoint,
+        reader_beam_size=FLAGS.reader_beam_size, max_batch=FLAGS.max_batch,
+        max_in_flight=FLAGS.max_in_flight, timeout_seconds=FLAGS.timeout_seconds,
+        poll_seconds=FLAGS.poll_seconds, keep=FLAGS.keep)
+    health = service.health()
+    print(f"[realm-serve] model step {health['model_step']}, index {health['index']} "
+          f"({health['num_blocks']} blocks); updates {'on' if token else 'off (no token)'}; "
+          f"serving on http://{FLAGS.host}:{FLAGS.port}/", flush=True)
+    return service
+
+  app = app_lib.create_app(open_service, token=token,
+                           max_question_chars=FLAGS.max_question_chars)
+  # An expected error opening the service is reported on one line below, not as uvicorn's
+  # start-up traceback.
+  logging.getLogger("uvicorn.error").addFilter(
+      lambda record: not isinstance(getattr(app.state, "startup_error", None), errors.RealmError))
+  server = uvicorn.Server(uvicorn.Config(app, host=FLAGS.host, port=FLAGS.port,
+                                         log_level="warning"))
   try:
-    uvicorn.run(app, host=FLAGS.host, port=FLAGS.port, log_level="warning")
-  finally:
-    service.close()
+    server.run()
+  except SystemExit:  # uvicorn's exit when the start-up failed.
+    if getattr(app.state, "startup_error", None) is not None:
+      raise app.state.startup_error from None
+    raise
 
 
 def run():

@@ -16,25 +16,37 @@ GET     ``/``                   the page: a question box, the answer highlighted
 GET     ``/openapi.json``       the OpenAPI description (``/docs`` renders it)
 ======  ======================  =========================================================
 
-Every error is ``{"error": "<one line>"}``: 400 (a body that is not UTF-8 or not JSON), 401
-(no or a wrong token), 403 (updates disabled: no token was given at start-up), 404, 413 (a
-body over ``max_body_bytes``), 422 (missing fields, wrong types, an empty question or one over
-``max_question_chars``, ``top_k`` out of range, an update that names nothing), 429 (more than
-``max_in_flight`` requests, or an update already running), 503 (a question that waited past the
-timeout). None of them stops the server.
+Every error is ``{"error": "<one line>"}`` JSON: 400 (a body that is not UTF-8 or not JSON),
+401 (no token, or not ``Authorization: Bearer <token>``: checked before the body is read), 403
+(updates disabled: no token was given at start-up), 404 (no such path; a uid with no live
+block), 409 (the served index cannot take an update: another corpus or block tower), 413 (a
+body over ``max_body_bytes``, counted as it arrives: chunked bodies too), 422 (missing fields,
+wrong types, an empty question or one over ``max_question_chars``, ``top_k`` out of range,
+documents that cannot be indexed), 429 (more than ``max_in_flight`` requests, or an update
+already running), 500 (an unexpected error, or an index or corpus the server cannot read: the
+details, with the host's paths, go to the log only), 503 (a question that waited past the
+timeout, no index yet, the service stopping). None of them stops the server.
+
+The service is opened when the server starts and closed when it stops (the app's lifespan), held
+in ``app.state.service`` and given to the routes by the :func:`get_service` dependency.
 """
 
 import asyncio
+import contextlib
 import hmac
 import importlib.resources
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
+from absl import logging
 import fastapi
 from fastapi import exceptions as fastapi_exceptions
 from fastapi import responses
+from fastapi import routing
+from fastapi import security
 import pydantic
+from starlette import datastructures
 from starlette import exceptions as starlette_exceptions
 
 from realm_tf.data import manifests
@@ -117,24 +129,146 @@ def _error(status: int, message: str, headers: Optional[Dict] = None) -> respons
                                 headers=headers)
 
 
-_ERRORS = {code: {"model": Error} for code in (400, 401, 403, 413, 422, 429, 503)}
+_ERRORS = {code: {"model": Error}
+           for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)}
+
+_CONFLICT = ("the served index cannot take this update: it does not match its corpus or its block "
+             "tower (the server's log says how); rebuild it with realm-index build")
+_INTERNAL = "internal error: the server's log has the details"
+
+# The service's and the index's errors, first match: (class, status, message). A message of
+# None is the error's own (it is about the request); the others are about the server's state:
+# the client gets a fixed line, the log the error (its paths are the host's).
+_STATUSES = (
+    (service_lib.Overloaded, 429, None),
+    (service_lib.Unavailable, 503, None),
+    (service_lib.NotFound, 404, None),
+    (service_lib.InvalidUpdate, 422, None),
+    (errors.IndexNotReadyError, 503, "no index is published yet: retry later"),
+    (errors.FingerprintMismatchError, 409, _CONFLICT),
+    (errors.IndexUpdateError, 409, _CONFLICT),
+    (manifests.DataError, 500, "the index or the corpus on the server is unusable (the "
+                               "server's log says why)"),
+)
 
 
-def create_app(service: service_lib.QAService, token: Optional[str] = None,
-               max_question_chars: int = 1000, max_body_bytes: int = 1 << 20) -> fastapi.FastAPI:
-  """The FastAPI app over ``service``. ``token``: the bearer token of the ``/documents``
-  endpoints (None: updates disabled)."""
+class _BodyTooLarge(starlette_exceptions.HTTPException):
+  """Raised from ``receive`` once a body is over the limit (FastAPI passes HTTP exceptions
+  on while it reads a body: the app's handler answers it)."""
+
+
+class _LimitBody:
+  """Pure ASGI middleware: a request whose body is over ``max_bytes`` gets 413. A
+  ``Content-Length`` over it is refused before the body is read; otherwise the bytes are
+  counted as they arrive (a chunked body has no ``Content-Length``), so no more than
+  ``max_bytes`` of a body, and the chunk that crosses the limit, are ever held."""
+
+  def __init__(self, app, max_bytes: int):
+    self.app, self.max_bytes = app, max_bytes
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    message = f"the body is over {self.max_bytes} bytes"
+    length = datastructures.Headers(scope=scope).get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+      return await _error(413, message)(scope, receive, send)
+    received, started = 0, False
+
+    async def counted():
+      nonlocal received
+      event = await receive()
+      if event["type"] == "http.request":
+        received += len(event.get("body", b""))
+        if received > self.max_bytes:
+          raise _BodyTooLarge(413, message)
+      return event
+
+    async def watched(event):
+      nonlocal started
+      started = started or event["type"] == "http.response.start"
+      await send(event)
+
+    try:
+      await self.app(scope, counted, watched)
+    except _BodyTooLarge:  # Read outside FastAPI's body parsing (which answers it itself).
+      if started:
+        raise
+      await _error(413, message)(scope, receive, send)
+
+
+class _InternalErrors:
+  """Pure ASGI middleware: an exception no handler took is a 500 ``{"error"}`` with a fixed
+  message, and its traceback goes to the log (Starlette's answer is text/plain)."""
+
+  def __init__(self, app):
+    self.app = app
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    started = False
+
+    async def watched(event):
+      nonlocal started
+      started = started or event["type"] == "http.response.start"
+      await send(event)
+
+    try:
+      await self.app(scope, receive, watched)
+    except Exception:  # pylint: disable=broad-except
+      logging.exception("realm-serve: %s %s failed", scope["method"], scope["path"])
+      if started:  # Too late for a response: the server closes the connection.
+        raise
+      await _error(500, _INTERNAL)(scope, receive, send)
+
+
+def get_service(request: fastapi.Request) -> service_lib.QAService:
+  """The service answering (``app.state.service``, opened by the app's lifespan): every route's
+  dependency; tests override it (``app.dependency_overrides[get_service]``)."""
+  service = getattr(request.app.state, "service", None)
+  if service is None:
+    raise service_lib.Unavailable("the service is not running")
+  return service
+
+
+def create_app(open_service: Optional[Callable[[], service_lib.QAService]],
+               token: Optional[str] = None, max_question_chars: int = 1000,
+               max_body_bytes: int = 1 << 20) -> fastapi.FastAPI:
+  """The FastAPI app of ``realm-serve``.
+
+  Args:
+    open_service: makes the service (e.g. ``functools.partial(QAService, model_dir,
+      index_dir)``); called on a worker thread when the server starts (FastAPI's lifespan), it
+      is held in ``app.state.service`` and closed when the server stops. Should it raise, the
+      server does not start and the error is ``app.state.startup_error``. None: the app opens
+      no service (the routes' :func:`get_service` dependency is overridden).
+    token: the bearer token of the ``/documents`` routes (None: updates disabled).
+    max_question_chars: longer questions get 422.
+    max_body_bytes: longer bodies get 413.
+  """
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app: fastapi.FastAPI):
+    app.state.service, app.state.startup_error = None, None
+    if open_service is not None:
+      try:
+        app.state.service = await asyncio.to_thread(open_service)
+      except Exception as e:
+        app.state.startup_error = e
+        raise
+    try:
+      yield
+    finally:
+      if app.state.service is not None:
+        await asyncio.to_thread(app.state.service.close)
+
   app = fastapi.FastAPI(
-      title="realm-serve", version="1",
+      title="realm-serve", version="1", lifespan=lifespan,
       description="Answers questions with a fine-tuned REALM/ORQA Open-QA model, with the "
                   "evidence; documents are added and deleted live.")
-
-  @app.middleware("http")
-  async def limit_body(request: fastapi.Request, call_next):
-    length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
-      return _error(413, f"the body is over {max_body_bytes} bytes")
-    return await call_next(request)
+  app.add_middleware(_LimitBody, max_bytes=max_body_bytes)
+  app.add_middleware(_InternalErrors)  # The outer one: it also sees _LimitBody's errors.
 
   @app.exception_handler(fastapi_exceptions.RequestValidationError)
   async def invalid(unused_request, exc):
@@ -150,29 +284,51 @@ def create_app(service: service_lib.QAService, token: Optional[str] = None,
     message = exc.detail
     if exc.status_code == 400 and "parsing the body" in str(message):
       message = "the body could not be read as UTF-8 JSON"
-    return _error(exc.status_code, message)
+    return _error(exc.status_code, message, headers=getattr(exc, "headers", None))
 
-  async def update(fn, *args):
-    """An update on a worker thread; the service's errors as HTTP errors."""
-    try:
-      return await asyncio.to_thread(fn, *args)
-    except service_lib.Overloaded as e:
-      return _error(429, e, headers={"Retry-After": "1"})
-    except service_lib.Unavailable as e:
-      return _error(503, e, headers={"Retry-After": "1"})
-    except (errors.IndexUpdateError, manifests.DataError) as e:
-      return _error(422, e)
+  async def service_error(request: fastapi.Request, exc: Exception):
+    status, message = next((s, m) for cls, s, m in _STATUSES if isinstance(exc, cls))
+    if message is not None:
+      log = logging.error if status >= 500 else logging.warning
+      log("realm-serve: %s %s: %d (%s: %s)", request.method, request.url.path, status,
+          type(exc).__name__, exc)
+    return _error(status, message or exc,
+                  headers={"Retry-After": "1"} if status in (429, 503) else None)
 
-  def authorized(authorization: Optional[str]) -> Optional[responses.JSONResponse]:
+  for cls in {c for c, _, _ in _STATUSES}:
+    app.add_exception_handler(cls, service_error)
+
+  bearer = security.HTTPBearer(auto_error=False, description="The token realm-serve was "
+                               "started with (--token_file or $REALM_SERVE_TOKEN).")
+
+  def check_token(credentials: Optional[security.HTTPAuthorizationCredentials]) -> None:
     if token is None:
-      return _error(403, "updates are disabled: start realm-serve with --token_file")
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not given or not hmac.compare_digest(given.encode(), token.encode()):
-      return _error(401, "a valid token is needed: Authorization: Bearer <token>")
-    return None
+      raise fastapi.HTTPException(403, "updates are disabled: start realm-serve with "
+                                       "--token_file")
+    if credentials is None or not hmac.compare_digest(credentials.credentials.encode(),
+                                                      token.encode()):
+      raise fastapi.HTTPException(401, "a valid token is needed: Authorization: Bearer <token>",
+                                  headers={"WWW-Authenticate": "Bearer"})
+
+  async def authorized(credentials=fastapi.Security(bearer)) -> None:
+    """The ``/documents`` routes' dependency (it puts the scheme in the OpenAPI description)."""
+    check_token(credentials)
+
+  class AuthorizedFirst(routing.APIRoute):
+    """A route that checks the token before FastAPI reads the body: without it, a request is
+    refused whatever its body, and the body is never read."""
+
+    def get_route_handler(self):
+      handle = super().get_route_handler()
+
+      async def checked(request: fastapi.Request):
+        check_token(await bearer(request))
+        return await handle(request)
+      return checked
 
   @app.post("/answer", response_model=AnswerResponse, responses=_ERRORS)
-  async def answer(body: AnswerRequest):
+  async def answer(body: AnswerRequest,
+                   service: service_lib.QAService = fastapi.Depends(get_service)):
     """The best answers to a question, with their evidence."""
     question = body.question.strip()
     if not question:
@@ -182,41 +338,38 @@ def create_app(service: service_lib.QAService, token: Optional[str] = None,
                          f"{max_question_chars}")
     if body.top_k > service.reader_beam_size:
       return _error(422, f"top_k: at most {service.reader_beam_size} (the blocks read)")
-    try:  # Admitted (or refused) here, on the event loop: no thread waits for a slot.
-      future = service.submit(question, body.top_k)
-    except service_lib.Overloaded as e:
-      return _error(429, e, headers={"Retry-After": "1"})
-    except service_lib.Unavailable as e:
-      return _error(503, e, headers={"Retry-After": "1"})
-    try:
-      return await asyncio.wait_for(asyncio.wrap_future(future), service.timeout_seconds)
-    except asyncio.TimeoutError:
+    # Admitted (or refused: Overloaded, Unavailable) here, on the event loop: no thread waits
+    # for a slot.
+    future = asyncio.wrap_future(service.submit(question, body.top_k))
+    done, _ = await asyncio.wait([future], timeout=service.timeout_seconds)
+    if not done:
+      future.cancel()  # The service skips the question, or drops it when it closes.
       return _error(503, f"no answer within {service.timeout_seconds:.0f} s: the server is "
                          "busy; retry later", headers={"Retry-After": "1"})
+    return future.result()  # A failed batch raises here: a 500.
 
-  @app.get("/healthz")
-  async def healthz():
+  @app.get("/healthz", responses=_ERRORS)
+  async def healthz(service: service_lib.QAService = fastapi.Depends(get_service)):
     """The model and index being served."""
     return service.health()
 
-  @app.post("/documents", response_model=UpdateResponse, responses=_ERRORS)
+  documents = fastapi.APIRouter(route_class=AuthorizedFirst,
+                                dependencies=[fastapi.Security(authorized)])
+
+  @documents.post("/documents", response_model=UpdateResponse, responses=_ERRORS)
   async def add_documents(body: DocumentsRequest,
-                          authorization: Optional[str] = fastapi.Header(None)):
+                          service: service_lib.QAService = fastapi.Depends(get_service)):
     """Adds documents, or replaces those with the same title; answerable when it returns."""
-    refused = authorized(authorization)
-    if refused is not None:
-      return refused
-    return await update(service.upsert, [updates.Document(d.title, d.text)
-                                         for d in body.documents])
+    return await asyncio.to_thread(service.upsert, [updates.Document(d.title, d.text)
+                                                    for d in body.documents])
 
-  @app.delete("/documents/{uid}", response_model=UpdateResponse, responses=_ERRORS)
-  async def delete_document(uid: str, authorization: Optional[str] = fastapi.Header(None)):
+  @documents.delete("/documents/{uid}", response_model=UpdateResponse, responses=_ERRORS)
+  async def delete_document(uid: str,
+                            service: service_lib.QAService = fastapi.Depends(get_service)):
     """Deletes the block(s) with this uid; never retrieved again once it returns."""
-    refused = authorized(authorization)
-    if refused is not None:
-      return refused
-    return await update(service.delete, [uid])
+    return await asyncio.to_thread(service.delete, [uid])
 
+  app.include_router(documents)
   page = importlib.resources.files("realm_tf.serving").joinpath("page.html").read_text()
 
   @app.get("/", response_class=responses.HTMLResponse, include_in_schema=False)
@@ -228,24 +381,37 @@ def create_app(service: service_lib.QAService, token: Optional[str] = None,
 
 class BackgroundServer:
   """Serves ``app`` with uvicorn on a thread of this process, on ``host`` (127.0.0.1) and a
-  free port (for tests and benchmarks)::
+  free port (for tests and benchmarks); the app's lifespan opens its service on entry (an error
+  opening it is raised here) and closes it on exit::
 
-      with BackgroundServer(create_app(service)) as server:
+      with BackgroundServer(create_app(lambda: QAService(model_dir, index_dir))) as server:
         urllib.request.urlopen(server.url + "/healthz")
   """
 
-  def __init__(self, app: fastapi.FastAPI, host: str = "127.0.0.1", port: int = 0):
+  def __init__(self, app: fastapi.FastAPI, host: str = "127.0.0.1", port: int = 0,
+               start_seconds: float = 600.0):
     import uvicorn  # pylint: disable=g-import-not-at-top
+    self._app, self._start_seconds = app, start_seconds
     self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                                  log_level="warning"))
-    self._thread = threading.Thread(target=self._server.run, name="uvicorn", daemon=True)
+    self._thread = threading.Thread(target=self._run, name="uvicorn", daemon=True)
     self.url = None
+
+  def _run(self):
+    try:
+      self._server.run()
+    except SystemExit:  # uvicorn's answer to a failed start-up (the error: startup_error).
+      pass
 
   def __enter__(self) -> "BackgroundServer":
     self._thread.start()
-    deadline = time.time() + 60
+    deadline = time.time() + self._start_seconds  # Opening the service loads a model.
     while not self._server.started:
       if not self._thread.is_alive() or time.time() > deadline:
+        error = getattr(self._app.state, "startup_error", None)
+        if error is not None:
+          raise error
+        self.__exit__()
         raise RuntimeError("the server did not start")
       time.sleep(0.02)
     host, port = self._server.servers[0].sockets[0].getsockname()[:2]
@@ -254,4 +420,4 @@ class BackgroundServer:
 
   def __exit__(self, *unused):
     self._server.should_exit = True
-    self._thread.join(timeout=10)
+    self._thread.join(timeout=60)  # The lifespan closes the service (its threads: seconds).

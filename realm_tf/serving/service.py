@@ -39,6 +39,7 @@ from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
+from realm_tf.retrieval import errors as retrieval_errors
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import updates
 
@@ -50,6 +51,29 @@ class Overloaded(errors.RealmError, RuntimeError):
 class Unavailable(errors.RealmError, RuntimeError):
   """The service cannot answer now: not started, stopped, or the request waited too long
   (HTTP 503)."""
+
+
+class NotFound(errors.RealmError, LookupError):
+  """A deletion that names no live block (HTTP 404)."""
+
+
+class InvalidUpdate(errors.RealmError, ValueError):
+  """An update whose documents cannot be indexed, or that names nothing (HTTP 422)."""
+
+
+class _Updater(updates.Updater):
+  """``updates.Updater`` that tells the request's faults from the index's state: an
+  ``IndexUpdateError`` of the update's plan (a document that cannot be indexed, a uid or
+  title that names no live block) is the request's, :class:`InvalidUpdate`; the others
+  (another corpus, another block tower, an index that cannot be read) stay the index's."""
+
+  def _update(self, plan):
+    def checked(*args):
+      try:
+        return plan(*args)
+      except retrieval_errors.IndexUpdateError as e:
+        raise InvalidUpdate(str(e)) from e
+    return super()._update(checked)
 
 
 @dataclasses.dataclass
@@ -98,7 +122,7 @@ class QAService:
     self.reader_beam_size = reader_beam_size
     self.max_batch, self.max_in_flight = max_batch, max_in_flight
     self.timeout_seconds, self.poll_seconds = timeout_seconds, poll_seconds
-    self.updater = updates.Updater(index_dir, keep=keep)
+    self.updater = _Updater(index_dir, keep=keep)
     # Batches of 1 to max_batch questions: one trace with the batch dimension relaxed.
     self._embed = embedder_lib.inference_function(self.model.query_embedder,
                                                   reduce_retracing=True)
@@ -290,26 +314,36 @@ class QAService:
       result = run()
       self._load_newer()
       if not self.wait_for(result.index, self.timeout_seconds):
-        raise Unavailable(f"the update was published ({result.index}) but is not answering "
-                          "yet")
+        raise Unavailable(f"the update was published ({os.path.basename(result.index)}) but "
+                          "is not answering yet")
       return result.to_json()
     finally:
       self._update_lock.release()
 
   def upsert(self, documents: Sequence[updates.Document]) -> Dict:
-    """Adds or replaces documents (``Updater.upsert``); returns once they are answerable."""
+    """Adds or replaces documents (``Updater.upsert``); returns once they are answerable.
+    Raises :class:`InvalidUpdate` for documents that cannot be indexed."""
+    if not documents:
+      raise InvalidUpdate("nothing to upsert: give documents")
     return self._update(lambda: self.updater.upsert(documents))
 
   def delete(self, uids: Sequence[str] = (), titles: Sequence[str] = ()) -> Dict:
-    """Deletes blocks by uid or title (``Updater.delete``); returns once they are gone."""
-    return self._update(lambda: self.updater.delete(uids=uids, titles=titles))
+    """Deletes blocks by uid or title (``Updater.delete``); returns once they are gone.
+    Raises :class:`NotFound` when a uid or title names no live block."""
+    if not uids and not titles:
+      raise InvalidUpdate("nothing to delete: give uids or titles")
+    try:
+      return self._update(lambda: self.updater.delete(uids=uids, titles=titles))
+    except InvalidUpdate as e:  # A deletion's plan fails only on what it cannot find.
+      raise NotFound(str(e)) from e
 
   # ---- state ----
   def health(self) -> Dict:
     index = self._current
     handle = index.builder.handle
     return {"status": "ok", "model_step": self.model_step,
-            "checkpoint": self.checkpoint, "index": os.path.basename(index.path),
+            "checkpoint": os.path.basename(self.checkpoint),
+            "index": os.path.basename(index.path),
             "index_step": int(index.key[0]), "index_update": int(index.key[1]),
             "num_blocks": int(handle.index.num_live),
             "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
@@ -318,8 +352,16 @@ class QAService:
             "uptime_seconds": round(time.time() - self.started, 1)}
 
   def close(self) -> None:
+    """Stops the threads; the questions still queued fail with :class:`Unavailable`, except
+    those whose requests already gave up (timed out: their futures were cancelled), which are
+    dropped. Closing again does nothing more."""
     self._stop.set()
     for thread in self._threads:
       thread.join(timeout=5)
-    while not self._queue.empty():
-      self._queue.get_nowait().future.set_exception(Unavailable("the service stopped"))
+    while True:
+      try:
+        request = self._queue.get_nowait()
+      except queue.Empty:
+        break
+      if request.future.set_running_or_notify_cancel():  # False: cancelled.
+        request.future.set_exception(Unavailable("the service stopped"))
