@@ -149,7 +149,8 @@ def test_bad_fingerprint_is_an_error(tmp_path):
   json.dump(manifest, open(os.path.join(blocks_dir, manifests.MANIFEST), "w"))
   with pytest.raises(manifests.CorpusFormatError, match="fingerprint"):
     block_store.BlockStore.open(blocks_dir)
-  assert not [n for n in os.listdir(os.path.join(blocks_dir, block_store.STORE_DIR))]
+  assert not [n for n in os.listdir(os.path.join(blocks_dir, block_store.STORE_DIR))
+              if n != block_store.LOCK_NAME]
 
 
 def test_rebuilt_when_the_corpus_changes(tmp_path):
@@ -169,7 +170,8 @@ def test_rebuilt_when_the_corpus_changes(tmp_path):
   np.testing.assert_array_equal(second.tokens(4), [2, 7, 3, 8, 8, 3])
   assert second.fingerprint == manifests.corpus_fingerprint(uids)
   # The old store is gone; only the new one is left (no temporary directories).
-  assert os.listdir(os.path.dirname(second.path)) == [os.path.basename(second.path)]
+  assert sorted(os.listdir(os.path.dirname(second.path))) == [block_store.LOCK_NAME,
+                                                              os.path.basename(second.path)]
   # A store missing a file is not opened but rebuilt.
   os.remove(os.path.join(second.path, "texts.bin"))
   third = block_store.BlockStore.open(blocks_dir)
@@ -204,7 +206,8 @@ def test_concurrent_first_use_builds_one_store(tmp_path, monkeypatch):
   assert len(builds) == 1
   assert results["a"].path == results["b"].path
   root = os.path.dirname(results["a"].path)
-  assert os.listdir(root) == [os.path.basename(results["a"].path)]
+  assert sorted(os.listdir(root)) == [block_store.LOCK_NAME,
+                                      os.path.basename(results["a"].path)]
   for name in ("a", "b"):
     np.testing.assert_array_equal(results[name].tokens(29), [2, 34, 3, 6, 3])
 

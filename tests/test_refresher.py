@@ -105,7 +105,8 @@ class RefreshLoopTest(tf.test.TestCase):
     builds, out = self._loop(trainer, [])
     self.assertEqual(builds, 0)  # Step 10 is already indexed.
     self.assertIn("removed leftover", out)
-    self.assertEqual(sorted(os.listdir(self.index_dir)), ["LATEST", "step-10", "tensorboard"])
+    self.assertEqual(sorted(os.listdir(self.index_dir)),
+                     ["LATEST", "LOCK", "PUBLICATION", "step-10", "tensorboard"])
 
   def test_tolerates_a_checkpoint_that_disappears(self):
     trainer = testing.TinyTrainer(self.model_dir, self.vocab, max_to_keep=1)

@@ -1,7 +1,10 @@
 """The index directory contract and the reader side (IndexHandle)."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -38,7 +41,8 @@ class PublishTest(tf.test.TestCase):
       self.assertEqual(path, os.path.join(self.dir, f"step-{step}"))
       self.assertEqual(publish.latest_step(self.dir), step)
     self.assertEqual(publish.published_steps(self.dir), [300, 400])
-    self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "step-300", "step-400"])
+    self.assertEqual(sorted(os.listdir(self.dir)),
+                     ["LATEST", "PUBLICATION", "step-300", "step-400"])
     manifest = mips_index.read_manifest(os.path.join(self.dir, "step-400"))
     self.assertEqual((manifest["model_step"], manifest["num_blocks"], manifest["dim"],
                       manifest["corpus_fingerprint"]), (400, 40, 8, "fp"))
@@ -47,6 +51,80 @@ class PublishTest(tf.test.TestCase):
     publish.publish(_index(1), self.dir, 500)
     publish.publish(_index(2), self.dir, 300)
     self.assertEqual(publish.latest_step(self.dir), 500)
+
+  def test_a_rebuild_after_updates_is_latest_and_kept(self):
+    """Build, 3 updates, a rebuild at the same step: the rebuild is LATEST, survives the
+    pruning (keep=3), and a handle holding the 3rd update swaps it in; the next update is
+    numbered after the earlier ones and is newer still."""
+    publish.publish(_index(1), self.dir, 100, keep=3)
+    for update in (1, 2, 3):
+      publish.publish(_index(1 + update), self.dir, 100, keep=3, update=update)
+    self.assertEqual(publish.read_latest(self.dir), os.path.join(self.dir, "step-100-u3"))
+    handle = handle_lib.IndexHandle(self.dir, poll_seconds=0.05)
+    self.addCleanup(handle.close)
+    handle.wait_for_first()
+    rebuilt = _index(10)
+    path = publish.publish(rebuilt, self.dir, 100, keep=3)
+    self.assertEqual(publish.read_latest(self.dir), path)
+    self.assertEqual(sorted(n for n in os.listdir(self.dir) if n.startswith("step-")),
+                     ["step-100", "step-100-u2", "step-100-u3"])
+    self.assertEqual([n for _, n in publish.publications(self.dir)],
+                     ["step-100-u2", "step-100-u3", "step-100"])
+    deadline = time.time() + 20
+    while not handle.maybe_swap() and time.time() < deadline:
+      time.sleep(0.05)
+    self.assertEqual(handle.path, path)
+    queries = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    self.assertAllEqual(handle.search(queries, 4)[0], rebuilt.search(queries, 4)[0])
+    update = publish.next_update(self.dir, 100)
+    self.assertEqual(update, 4)
+    path = publish.publish(_index(11), self.dir, 100, keep=3, update=update)
+    self.assertEqual(publish.read_latest(self.dir), path)
+    self.assertEqual(publish.publication_key(path)[0], 6)
+    self.assertEqual([n for _, n in publish.publications(self.dir)],
+                     ["step-100-u3", "step-100", "step-100-u4"])
+
+  def test_directories_written_before_publication_numbers(self):
+    """Publications written before publication numbers existed still load and order as they
+    did; a new publication is newer than all of them, even with every directory gone."""
+    for step in (100, 200):
+      path = publish.publish(_index(step), self.dir, step)
+      manifest = mips_index.read_manifest(path)
+      del manifest["publication"]
+      with open(os.path.join(path, mips_index.MANIFEST_NAME), "w") as f:
+        json.dump(manifest, f)
+    os.remove(os.path.join(self.dir, publish.PUBLICATION_NAME))
+    self.assertEqual([n for _, n in publish.publications(self.dir)], ["step-100", "step-200"])
+    handle = handle_lib.IndexHandle(self.dir, expected_dim=8, watch=False)
+    self.assertEqual((handle.wait_for_first().step, handle.index.num_blocks), (200, 40))
+    path = publish.publish(_index(3), self.dir, 200, update=publish.next_update(self.dir, 200))
+    self.assertEqual(publish.publication_key(path), (1, 200, 1))
+    self.assertEqual(publish.read_latest(self.dir), path)
+    shutil.rmtree(path)
+    path = publish.publish(_index(4), self.dir, 200, update=publish.next_update(self.dir, 200))
+    self.assertEqual(publish.publication_key(path)[0], 2)  # PUBLICATION remembers 1.
+
+  def test_the_lock_excludes_another_process(self):
+    """``lock`` is a flock on ``index_dir/.lock`` opened for writing: a second process waits
+    for it (and gets it once the first lets go)."""
+    script = ("import sys, time\n"
+              "from realm_tf.retrieval import publish\n"
+              "print('waiting', flush=True)\n"
+              "with publish.lock(sys.argv[1]):\n"
+              "  print(f'{time.time():.6f}', flush=True)\n")
+    with publish.lock(self.dir):
+      self.assertTrue(os.path.isfile(os.path.join(self.dir, publish.LOCK_NAME)))
+      proc = subprocess.Popen([sys.executable, "-c", script, self.dir],
+                              stdout=subprocess.PIPE, text=True, env=dict(
+                                  os.environ, PYTHONPATH=os.path.dirname(
+                                      os.path.dirname(os.path.abspath(__file__)))))
+      self.assertEqual(proc.stdout.readline().strip(), "waiting")  # Imported: now it waits.
+      time.sleep(1.0)
+      self.assertIsNone(proc.poll())
+      released = time.time()
+    out, _ = proc.communicate(timeout=120)
+    self.assertEqual(proc.returncode, 0)
+    self.assertGreaterEqual(float(out.strip()), released)
 
   def test_leftovers_are_cleaned_and_never_loaded(self):
     publish.publish(_index(1), self.dir, 100)
@@ -59,7 +137,7 @@ class PublishTest(tf.test.TestCase):
     self.assertEqual(publish.latest_step(self.dir), 100)
     removed = publish.clean_temporaries(self.dir)
     self.assertLen(removed, 2)
-    self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "step-100"])
+    self.assertEqual(sorted(os.listdir(self.dir)), ["LATEST", "PUBLICATION", "step-100"])
 
   def test_testonly_build_delay_holds_a_build_half_written(self):
     """The test-only hook of the kill -9 test: a build waits with its index half written."""

@@ -41,8 +41,8 @@ blocks are appended to its files in place (:func:`_extend`, the rows the new ver
 O(added) work) and ``meta.json``, replaced last, says how many rows are complete; a reader maps
 the prefix of the version it opened (``BlockStore.open(blocks_dir, fingerprint=...)`` for an
 older one) and gets that version's deleted rows in :attr:`BlockStore.deleted`. Building and
-extending hold a lock on ``store_root`` (``flock``); an append interrupted by a crash leaves
-bytes past ``meta.json``'s sizes, cut off by the next one.
+extending hold a lock on ``store_root`` (``flock`` of the file ``store_root/.lock``); an append
+interrupted by a crash leaves bytes past ``meta.json``'s sizes, cut off by the next one.
 
 Row ``len(store)`` is the null block ``[CLS] [SEP] [SEP]`` (empty body text, a zero digest that
 equals no uid's), accepted wherever a row id is.
@@ -57,7 +57,6 @@ Example::
 """
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -77,6 +76,7 @@ from realm_tf.data import manifests
 FORMAT = 2
 STORE_DIR = "block_store"
 META = "meta.json"
+LOCK_NAME = ".lock"  # The lock file of builders and extenders, in the store root.
 DIGEST_BYTES = 20
 NULL_DIGEST = bytes(DIGEST_BYTES)
 _BATCH = 2048           # records per parsed batch while building
@@ -772,14 +772,10 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
 
 @contextlib.contextmanager
 def _store_lock(root: str):
-  """Holds a lock on the directory ``root`` (one builder or extender of its stores at a time;
-  released when the process dies)."""
-  fd = os.open(root, os.O_RDONLY)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX)
+  """Holds the lock of the directory ``root`` (one builder or extender of its stores at a time;
+  released when the process dies): ``corpus_updates.file_lock`` of ``root/.lock``."""
+  with corpus_updates.file_lock(os.path.join(root, LOCK_NAME)):
     yield
-  finally:
-    os.close(fd)
 
 
 def _read_meta(path: str, key: str) -> Optional[Dict]:

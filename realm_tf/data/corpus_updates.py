@@ -119,13 +119,31 @@ def chain_fingerprint(previous: str, added_uids: Iterable, deleted: Iterable[int
   return h.hexdigest()
 
 
+LOCK_NAME = ".update.lock"
+
+
 @contextlib.contextmanager
 def lock(blocks_dir: str):
-  """Holds a lock on the blocks directory (``flock``): one writer of updates at a time;
-  released on exit or when the process dies."""
+  """Holds the lock of the blocks directory (``file_lock`` of ``blocks_dir/.update.lock``):
+  one writer of updates at a time; released on exit or when the process dies."""
   if "://" in blocks_dir:
     raise manifests.DataError(f"{blocks_dir}: updates need a local blocks directory")
-  fd = os.open(blocks_dir, os.O_RDONLY)
+  if not os.path.isdir(blocks_dir):
+    raise manifests.MissingDataError(f"blocks directory not found: {blocks_dir}")
+  with file_lock(os.path.join(blocks_dir, LOCK_NAME)):
+    yield
+
+
+@contextlib.contextmanager
+def file_lock(path: str):
+  """An exclusive ``flock`` on the file ``path`` (created, with its directory, if needed),
+  opened for writing; blocks until it is free, released on exit or when the process dies.
+
+  A file opened for writing, not a directory opened read-only: NFS implements ``flock`` with
+  ``fcntl`` byte-range locks, which need a regular file (and a write-locked one).
+  """
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
   try:
     fcntl.flock(fd, fcntl.LOCK_EX)
     yield

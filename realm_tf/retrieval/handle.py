@@ -49,7 +49,8 @@ class _Loaded:
     self.index = index
     self.manifest = index.manifest
     self.step = int(index.manifest["model_step"])
-    self.key = publish.parse_name(path)  # (step, update): which publication is newer
+    # (publication, step, update): which publication is newer (publish.publication_key).
+    self.key = publish.publication_key(path, index.manifest)
 
 
 class IndexHandle:
@@ -92,15 +93,15 @@ class IndexHandle:
                                                expected_fingerprint=self.expected_fingerprint,
                                                load_embeddings=True))
 
-  def _try_load_latest(self, newer_than: Optional[Tuple[int, int]]) -> Optional[_Loaded]:
+  def _try_load_latest(self, newer_than: Optional[Tuple[int, int, int]]) -> Optional[_Loaded]:
     """The index ``LATEST`` names if it is newer than the publication ``newer_than``
-    (``(step, update)``); None if none/transient."""
+    (``publish.publication_key``); None if none/transient."""
     path = publish.read_latest(self.index_dir)
     if path is None:
       return None
-    if newer_than is not None and publish.parse_name(path) <= newer_than:
-      return None
     try:
+      if newer_than is not None and publish.publication_key(path) <= newer_than:
+        return None
       return self._load(path)
     except _FATAL:
       raise

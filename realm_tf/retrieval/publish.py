@@ -4,12 +4,15 @@
 
     index_dir/
       LATEST                  "step-1200-u2\n", replaced atomically (temp file + os.replace)
+      PUBLICATION             the last publication number given (see below)
+      LOCK                    the lock file of publications and updates (``lock``)
       step-1000/              a complete index, never modified after its rename
       step-1200/
       step-1200-u1/           the index of step 1200 after one corpus update (realm-index
       step-1200-u2/           upsert|delete): a new directory each time, copy-on-write
-        manifest.json         written last: model_step, num_blocks, dim, corpus_fingerprint,
-                              index_type, settings, build time, recall, query checkpoint
+        manifest.json         written last: model_step, update, publication, num_blocks, dim,
+                              corpus_fingerprint, index_type, settings, build time, recall,
+                              query checkpoint
         embeddings.npy        float32 [num_blocks, dim], row = block_id
         scann/                ScaNN artifacts (serialized with relative paths)
         query_embedder/ckpt*  the query tower the index was built with:
@@ -17,16 +20,29 @@
       .tmp-step-1400-<pid>/   a build in progress (removed on restart, never loaded)
       tensorboard/            the refresher's summaries
 
-Publications are ordered by ``(N, update)``: a build from the checkpoint of step N is
-``step-<N>``, the k-th update on top of it ``step-<N>-u<k>``. Each is written under
-``.tmp-<name>-<pid>``, renamed to ``<name>`` and only then is ``LATEST`` moved, so a reader
-that follows ``LATEST`` never sees a half-written index. Old indexes are renamed to a
-temporary name before being deleted, for the same reason. Paths must be on a local (POSIX)
-filesystem, where ``rename`` is atomic.
+A build from the checkpoint of step N is ``step-<N>``, the k-th update on top of the index of
+step N ``step-<N>-u<k>``. Publications are ordered by their **publication number**
+(``manifest["publication"]``), one more than any given before in this directory (``PUBLICATION``
+remembers the last, so that it never goes back even when directories are deleted by hand):
+a rebuild at the step of an updated index (``realm-index build`` after ``step-N-u3``) is newer
+than its updates, becomes ``LATEST`` and is what the next update applies on top of (as
+``step-N-u4``). ``LATEST`` moves to each new publication unless its model step is older than
+the one ``LATEST`` names (a build from an old checkpoint never replaces a newer model's
+index); ``prune`` keeps the newest publications. Directories written before publication numbers
+existed count as number 0, ordered among themselves by ``(N, update)`` as they were then.
+Readers (``IndexHandle``, ``realm-serve``) swap in the index ``LATEST`` names when its
+:func:`publication_key` is greater than their current one's.
+
+Each publication is written under ``.tmp-<name>-<pid>``, renamed to ``<name>`` and only then is
+``LATEST`` moved, so a reader that follows ``LATEST`` never sees a half-written index. Old
+indexes are renamed to a temporary name before being deleted, for the same reason. ``rename``
+must be atomic (a local POSIX filesystem, or NFS); the lock is a ``flock`` on a file opened for
+writing (``index_dir/LOCK``), which NFS supports (as ``fcntl`` locks) where a lock on the
+directory itself may be refused. Publishing needs the lock (``with lock(index_dir):``, as the
+refresher and updates do): the publication number is taken under it.
 """
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -36,9 +52,13 @@ from typing import Dict, List, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
+from realm_tf.data import corpus_updates
+from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 
 LATEST_NAME = "LATEST"
+PUBLICATION_NAME = "PUBLICATION"
+LOCK_NAME = "LOCK"
 STEP_PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 QUERY_CHECKPOINT = os.path.join("query_embedder", "ckpt")
@@ -73,6 +93,48 @@ def read_latest(index_dir: str) -> Optional[str]:
     logging.warning("ignoring %s/LATEST with unexpected content %r", index_dir, name)
     return None
   return os.path.join(index_dir, name)
+
+
+def publication_key(path: str, manifest: Optional[Dict] = None) -> Tuple[int, int, int]:
+  """``(publication, step, update)`` of a published directory: which one is newer (greater).
+
+  ``manifest``: its manifest if already read (else read from ``path``; IndexFormatError when
+  it cannot be). A directory published before publication numbers existed counts as 0.
+  """
+  if manifest is None:
+    manifest = mips_index.read_manifest(path)
+  step, update = parse_name(path) or (int(manifest.get("model_step", 0)),
+                                      int(manifest.get("update", 0)))
+  return int(manifest.get("publication", 0)), step, update
+
+
+def _read_counter(index_dir: str) -> int:
+  try:
+    with open(os.path.join(index_dir, PUBLICATION_NAME)) as f:
+      return int(f.read().strip() or 0)
+  except FileNotFoundError:
+    return 0
+  except ValueError:
+    logging.warning("ignoring %s/%s: not a number", index_dir, PUBLICATION_NAME)
+    return 0
+
+
+def publications(index_dir: str) -> List[Tuple[Tuple[int, int, int], str]]:
+  """``(publication_key, name)`` of the complete published directories, oldest first."""
+  out = []
+  for step, update in published(index_dir):
+    name = index_name(step, update)
+    try:
+      out.append((publication_key(os.path.join(index_dir, name)), name))
+    except (OSError, errors.IndexFormatError):
+      continue  # Removed meanwhile, or not an index: neither ordered nor pruned.
+  return sorted(out)
+
+
+def next_publication(index_dir: str) -> int:
+  """The publication number the next publication gets: one more than any given here before."""
+  given = [key[0] for key, _ in publications(index_dir)]
+  return 1 + max([_read_counter(index_dir)] + given)
 
 
 def latest_key(index_dir: str) -> Optional[Tuple[int, int]]:
@@ -112,15 +174,11 @@ def next_update(index_dir: str, step: int) -> int:
 
 @contextlib.contextmanager
 def lock(index_dir: str):
-  """Holds a lock on the directory ``index_dir`` (``flock``): one update or refresh publishes
-  at a time; released when the process dies."""
-  os.makedirs(index_dir, exist_ok=True)
-  fd = os.open(index_dir, os.O_RDONLY)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX)
+  """Holds the lock of ``index_dir``: one update or refresh publishes at a time; released when
+  the process dies. An exclusive ``flock`` on ``index_dir/LOCK``, a file opened for writing
+  (see the module doc: NFS locks such a file, not a directory opened read-only)."""
+  with corpus_updates.file_lock(os.path.join(index_dir, LOCK_NAME)):
     yield
-  finally:
-    os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -166,6 +224,15 @@ def _write_latest(index_dir: str, name: str) -> None:
   _fsync_dir(index_dir)
 
 
+def _write_counter(index_dir: str, number: int) -> None:
+  tmp = os.path.join(index_dir, f"{TMP_PREFIX}{PUBLICATION_NAME.lower()}-{os.getpid()}")
+  with open(tmp, "w") as f:
+    f.write(f"{int(number)}\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(index_dir, PUBLICATION_NAME))
+
+
 def _fsync_dir(path: str) -> None:
   try:
     fd = os.open(path, os.O_RDONLY)
@@ -190,13 +257,14 @@ def _remove_dir(index_dir: str, name: str) -> None:
 
 
 def prune(index_dir: str, keep: int) -> List[str]:
-  """Deletes all but the newest ``keep`` indexes (never the one ``LATEST`` names); returns
-  the names deleted."""
+  """Deletes all but the newest ``keep`` publications (by publication number; never the one
+  ``LATEST`` names); returns the names deleted."""
   if keep < 1:
     raise ValueError(f"keep must be at least 1, got {keep}")
-  current = latest_key(index_dir)
-  keys = published(index_dir)
-  doomed = [index_name(*k) for k in keys[:-keep] if k != current] if len(keys) > keep else []
+  current = read_latest(index_dir)
+  current = None if current is None else os.path.basename(current)
+  names = [name for _, name in publications(index_dir)]
+  doomed = [n for n in names[:-keep] if n != current] if len(names) > keep else []
   for name in doomed:
     _remove_dir(index_dir, name)
   return doomed
@@ -230,7 +298,9 @@ def publish(index: mips_index.MipsIndex,
             keep: int = 3,
             update: int = 0,
             query_embedder_from: Optional[str] = None) -> str:
-  """Writes ``index`` as ``index_dir/step-<step>[-u<update>]`` and points ``LATEST`` at it.
+  """Writes ``index`` as ``index_dir/step-<step>[-u<update>]`` with the next publication number
+  and points ``LATEST`` at it (unless ``LATEST`` names an index of a later step). The caller
+  holds ``lock(index_dir)``.
 
   Args:
     index: the built index.
@@ -255,6 +325,8 @@ def publish(index: mips_index.MipsIndex,
   metadata = dict(metadata or {})
   metadata["model_step"] = int(step)
   metadata["update"] = int(update)
+  number = next_publication(index_dir)
+  metadata["publication"] = number
   metadata["published_unix_time"] = time.time()
   if query_embedder is not None:
     tf.train.Checkpoint(query_embedder=query_embedder).write(os.path.join(tmp, QUERY_CHECKPOINT))
@@ -272,8 +344,9 @@ def publish(index: mips_index.MipsIndex,
     _remove_dir(index_dir, name)
   os.rename(tmp, final)
   _fsync_dir(index_dir)
-  current = latest_key(index_dir)
-  if current is None or (int(step), int(update)) >= current:
+  _write_counter(index_dir, number)
+  current = latest_step(index_dir)
+  if current is None or int(step) >= current:
     _write_latest(index_dir, name)
   prune(index_dir, keep)
   return final
