@@ -15,6 +15,7 @@ import pytest
 
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
+from realm_tf import tokenization
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import features
@@ -159,6 +160,65 @@ def test_scann_ah_index_keeps_its_tuned_recall(tmp_path):
   print(f"ScaNN ah after updates: recall@10 {recall:.4f} (target {target})")
   assert recall >= target - 0.01
   assert not np.isin(ids, store.deleted).any()
+
+
+def test_a_rebuild_after_updates_is_latest_and_updated_on_top(tmp_path):
+  """Build, 3 updates, ``realm-index build`` at the same step: the rebuild is LATEST and kept
+  (keep=3), and the next update applies on top of it (``step-10-u4``, from ``step-10``)."""
+  setup = _setup(tmp_path, num_blocks=100)
+  expected = {(b["title"], b["body"]) for b in manifests.read_blocks(setup["blocks"])}
+  updater = updates.Updater(setup["index"], setup["model"], keep=3)
+  for i in range(3):
+    doc = updates.Document(f"new {i}", f"the king was born in paris {i}.")
+    updater.upsert([doc])
+    expected.add((doc.title, doc.text))
+  assert os.path.basename(publish.read_latest(setup["index"])) == "step-10-u3"
+  rebuilt = refresher.build_index_for_checkpoint(None, setup["model"], setup["blocks"],
+                                                 setup["index"], setup["options"])
+  assert publish.read_latest(setup["index"]) == rebuilt and rebuilt.endswith("step-10")
+  assert mips_index.load_index(rebuilt).num_live == 103  # Over the updated corpus.
+  doc = updates.Document("after", "a band from london.")
+  result = updater.upsert([doc])
+  expected.add((doc.title, doc.text))
+  assert os.path.basename(result.index) == "step-10-u4"
+  assert publish.read_latest(setup["index"]) == result.index
+  assert mips_index.read_manifest(result.index)["last_update"]["from"] == "step-10"
+  queries = np.random.default_rng(4).standard_normal((10, DIM)).astype(np.float32)
+  _, _, ids, want = _check_against_exact(setup, expected, queries)
+  np.testing.assert_array_equal(ids, want)
+
+
+def test_no_change_publishes_nothing_and_new_blocks_must_match_the_corpus(tmp_path):
+  """An upsert whose documents are all unchanged publishes nothing; ``--new_blocks_dir``
+  blocks made with another vocabulary, casing or block length are refused (nothing written),
+  matching ones are added."""
+  setup = _setup(tmp_path, num_blocks=100)
+  updater = updates.Updater(setup["index"], setup["model"])
+  version = lambda: corpus_updates.version(manifests.load_blocks_manifest(setup["blocks"]))
+  doc = updates.Document("Once", "a band from london.")
+  first = updater.upsert([doc])
+  names = sorted(os.listdir(setup["index"]))
+  again = updater.upsert([doc])
+  assert again.skipped == [doc.title] and not again.added and again.index == first.index
+  assert sorted(os.listdir(setup["index"])) == names and version() == 1
+  assert publish.read_latest(setup["index"]) == first.index
+
+  other_vocab = testing.write_vocab(str(tmp_path / "other_vocab.txt"), ["zebra quagga okapi"])
+  title, body = "Fresh", "the king was born in paris."
+  cases = [("vocab_sha1", other_vocab, True, 32), ("lower_case", setup["vocab"], False, 32),
+           ("block_seq_length", setup["vocab"], True, 48)]
+  for wrong, vocab, lower_case, length in cases:
+    new_dir = str(tmp_path / f"new_{wrong}")
+    manifests.write_blocks(new_dir, [title], [body],
+                           tokenization.RealmTokenizer(vocab, lower_case=lower_case), length)
+    with pytest.raises(errors.IndexUpdateError, match=rf"new_{wrong}: .*differs: {wrong}"):
+      updater.upsert(blocks_dir=new_dir)
+  assert publish.read_latest(setup["index"]) == first.index and version() == 1
+  good = str(tmp_path / "new_good")
+  manifests.write_blocks(good, [title], [body], tokenization.RealmTokenizer(setup["vocab"]), 32)
+  result = updater.upsert(blocks_dir=good)
+  assert [a["row"] for a in result.added] == [101] and result.index.endswith("step-10-u2")
+  assert version() == 2
 
 
 def _realm_index(*args, env=None):

@@ -180,7 +180,7 @@ def upsert():
   if FLAGS.input:
     result = _updater().upsert(documents=updates.read_documents(FLAGS.input))
   else:
-    result = _updater().upsert(blocks=manifests.read_blocks(FLAGS.new_blocks_dir))
+    result = _updater().upsert(blocks_dir=FLAGS.new_blocks_dir)
   print(json.dumps(result.to_json(), ensure_ascii=False))
 
 

@@ -14,9 +14,12 @@ An update holds the index directory's lock, then the blocks directory's, and
 
 1. plans against the corpus's current version (its block store): a document becomes blocks by
    the blocks pipeline's rules (``data_prep.articles``; the corpus's vocabulary and block
-   length); a document whose title has live blocks replaces them (they are deleted), unless
-   it is unchanged (the same uids: skipped); deletions name uids or titles of live blocks
-   (another is an error);
+   length); ready blocks (``--new_blocks_dir``) are refused unless their manifest names the
+   corpus's vocabulary, casing and block length (their token ids are used as they are); a
+   document whose title has live blocks replaces them (they are deleted), unless it is
+   unchanged (the same uids: skipped); deletions name uids or titles of live blocks (another
+   is an error). When nothing is left to add or delete (every document skipped), nothing is
+   written or published: the result names the index ``LATEST`` already names;
 2. writes the corpus's next version (``data.corpus_updates.apply``);
 3. loads the index ``LATEST`` names and restores the block tower it records (``block_tower``:
    checkpoint, step, fingerprint). An update with another checkpoint is refused, so that one
@@ -136,11 +139,17 @@ class Updater:
     self._refresher: Optional[refresher.Refresher] = None
 
   # ---- the two operations ----
-  def upsert(self, documents: Sequence[Document] = (),
-             blocks: Sequence[Dict] = ()) -> UpdateResult:
-    """Adds or replaces ``documents`` (and/or ready ``blocks``: dicts with ``title``,
-    ``body``, ``token_ids``, e.g. ``manifests.read_blocks`` of a ``data_prep.blocks`` output);
-    a title's blocks replace its live ones."""
+  def upsert(self, documents: Sequence[Document] = (), blocks: Sequence[Dict] = (),
+             blocks_dir: Optional[str] = None) -> UpdateResult:
+    """Adds or replaces ``documents``, ready ``blocks`` (dicts with ``title``, ``body``,
+    ``token_ids``, made with the corpus's vocabulary, casing and block length: the caller's
+    word) and/or the blocks of ``blocks_dir`` (a ``data_prep.blocks`` output, refused unless
+    its manifest names the corpus's vocabulary, casing and block length); a title's blocks
+    replace its live ones."""
+    new_manifest = None
+    if blocks_dir:
+      new_manifest = manifests.load_blocks_manifest(blocks_dir)
+      blocks = list(blocks) + manifests.read_blocks(blocks_dir)
     if not documents and not blocks:
       raise errors.IndexUpdateError("nothing to upsert: give documents or blocks")
     for d in documents:
@@ -148,6 +157,8 @@ class Updater:
         raise errors.IndexUpdateError(f"a document needs a string title and text, got {d!r}")
 
     def plan(store, corpus, config):
+      if new_manifest is not None:
+        _check_new_blocks(blocks_dir, new_manifest, corpus, config)
       by_title: Dict[str, List[Dict]] = {}
       for title, blocks_of in _document_blocks(documents, corpus, config).items():
         by_title.setdefault(title, []).extend(blocks_of)
@@ -243,8 +254,12 @@ class Updater:
               f"the index {path} was built over another corpus than {blocks_dir}")
         added, deleted, skipped = plan(store, corpus, tower.config)
         planned = time.time()
-        if added or deleted:
-          corpus = corpus_updates.apply(blocks_dir, added, deleted)
+        if not added and not deleted:  # Every document unchanged: nothing to publish.
+          return UpdateResult(
+              index=path, corpus_fingerprint=corpus["fingerprint"], added=[], deleted=[],
+              skipped=skipped, maintenance=None,
+              seconds={"plan": round(planned - start, 3), "total": round(planned - start, 3)})
+        corpus = corpus_updates.apply(blocks_dir, added, deleted)
         deleted_blocks = [{"row": r, "uid": features.block_uid(store.titles[r], store.texts[r]),
                            "title": store.titles[r]} for r in deleted]
       written = time.time()
@@ -284,9 +299,7 @@ def _document_blocks(documents: Sequence[Document], corpus: Dict,
   if not documents:
     return {}
   from data_prep import articles  # pylint: disable=g-import-not-at-top
-  vocab = corpus.get("vocab_file")
-  if not vocab or not os.path.exists(vocab):
-    vocab = config.vocab_file
+  vocab = _corpus_vocab(corpus, config)
   tokenizer = _tokenizer(vocab, bool(corpus.get("lower_case", config.lower_case)))
   length = int(corpus.get("block_seq_length") or config.retriever.block_seq_length)
   try:  # Two tokenizer calls for all the documents.
@@ -301,6 +314,38 @@ def _document_blocks(documents: Sequence[Document], corpus: Dict,
     out.setdefault(d.title, []).extend(_block(d.title, b["body"], b["token_ids"])
                                        for b in blocks_of)
   return out
+
+
+def _corpus_vocab(corpus: Dict, config: configs.RealmModelConfig) -> str:
+  """The vocabulary the corpus's token ids were made with (the model's where the corpus does
+  not name an existing file)."""
+  vocab = corpus.get("vocab_file")
+  return vocab if vocab and os.path.exists(vocab) else config.vocab_file
+
+
+def _check_new_blocks(blocks_dir: str, new: Dict, corpus: Dict,
+                      config: configs.RealmModelConfig) -> None:
+  """Refuses the blocks of ``blocks_dir`` (manifest ``new``) unless they were made with the
+  corpus's vocabulary, casing and block length: their token ids are indexed as they are."""
+  vocab = _corpus_vocab(corpus, config)
+  want = {"vocab_sha1": corpus.get("vocab_sha1") or manifests.file_sha1(vocab),
+          "lower_case": bool(corpus.get("lower_case", config.lower_case)),
+          "block_seq_length": int(corpus.get("block_seq_length") or
+                                  config.retriever.block_seq_length)}
+  got = {"vocab_sha1": new.get("vocab_sha1"), "lower_case": new.get("lower_case"),
+         "block_seq_length": new.get("block_seq_length")}
+  wrong = [k for k in want if got[k] is None or
+           (bool(got[k]) if k == "lower_case" else got[k]) != want[k]]
+  if not wrong:
+    return
+  describe = lambda d, f: (f"vocabulary {f} (sha1 {str(d['vocab_sha1'])[:12]}), lower_case="
+                           f"{d['lower_case']}, block_seq_length={d['block_seq_length']}")
+  raise errors.IndexUpdateError(
+      f"{blocks_dir}: its blocks were made with {describe(got, new.get('vocab_file'))} but the "
+      f"corpus's with {describe(want, vocab)} (differs: {', '.join(wrong)}); their token ids "
+      f"would not mean the same words: write them again with data_prep.blocks "
+      f"--vocab_file={vocab} --{'' if want['lower_case'] else 'no'}lower_case "
+      f"--block_seq_length={want['block_seq_length']}, or upsert the documents (--input)")
 
 
 def _index_config(manifest: Dict) -> configs.IndexConfig:
