@@ -339,3 +339,36 @@ def test_realm_serve_reports_bad_flags_on_one_line(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert words in lines[0], lines
+
+
+def test_an_index_of_another_block_tower_is_never_swapped_in(world):
+  """An index published with another block tower (``realm-refresh`` over another checkpoint)
+  is refused, whatever its step: the served query tower was fine-tuned against the tower of the
+  index the server started with. The server keeps answering with its current index; an index
+  of the right tower published after it is swapped in."""
+  current = publish.read_latest(world["index"])
+  manifest = mips_index.read_manifest(current)
+  index = mips_index.load_index(current)
+  step = int(manifest["model_step"]) + 100
+  other = dict(manifest, block_tower=dict(manifest["block_tower"], fingerprint="0" * 40))
+  with publish.lock(world["index"]):
+    wrong = publish.publish(index, world["index"], step, other, keep=10)
+  assert publish.read_latest(world["index"]) == wrong
+  service = world["service"]
+  # What the watcher does each poll, here once more (after any of its loads in flight).
+  assert service._load_newer() is None  # pylint: disable=protected-access
+  service._swap()  # pylint: disable=protected-access
+  assert service._pending is None  # pylint: disable=protected-access
+  question = world["questions"][0]
+  status, got = request(world["url"] + "/answer", {"question": question, "top_k": 1})
+  assert status == 200 and got["index"] == os.path.basename(current), got
+  assert request(world["url"] + "/healthz")[1]["index"] == os.path.basename(current)
+  with publish.lock(world["index"]):
+    right = publish.publish(index, world["index"], step + 1, manifest, keep=10)
+  deadline = time.time() + 60
+  while request(world["url"] + "/healthz")[1]["index"] != os.path.basename(right):
+    assert time.time() < deadline, "the index of the right tower was not swapped in"
+    time.sleep(0.1)
+  status, got = request(world["url"] + "/answer", {"question": question, "top_k": 1})
+  assert status == 200 and got["index"] == os.path.basename(right)
+  assert (got["index_step"], got["index_update"]) == (step + 1, 0)

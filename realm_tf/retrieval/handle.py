@@ -42,6 +42,55 @@ from realm_tf.retrieval import publish
 _FATAL = (errors.DimensionMismatchError, errors.FingerprintMismatchError)
 
 
+def block_tower_id(manifest: dict) -> Optional[str]:
+  """Which block tower embedded an index's blocks: its ``block_tower`` fingerprint, else the
+  embeddings file it was built from (an ORQA model's ``block_emb.npy``), else None."""
+  tower = manifest.get("block_tower") or {}
+  if tower.get("fingerprint"):
+    return str(tower["fingerprint"])
+  path = manifest.get("embeddings_file")
+  return f"embeddings_file:{path}" if path else None
+
+
+class TowerGuard:
+  """Admits only the indexes embedded by one block tower (:func:`block_tower_id`).
+
+  A query tower fine-tuned against the embeddings of one block tower retrieves garbage from
+  another's, and nothing fails: ``realm-serve`` pins the tower of the index it starts with and
+  never swaps in a newer index of another (``realm-refresh`` over another checkpoint);
+  ``realm-index upsert|delete`` keep their index's tower, a rebuild from the same checkpoint has
+  it too. A refusal is logged once per publication; the caller keeps its current index.
+
+  Args:
+    manifest: the manifest of the index whose tower is the right one.
+  """
+
+  def __init__(self, manifest: dict):
+    self.tower = block_tower_id(manifest)
+    self._told = set()
+
+  def admits(self, path: str, manifest: Optional[dict] = None) -> bool:
+    """Whether the index in ``path`` (its ``manifest`` if read already) has the pinned tower;
+    False too while its manifest cannot be read (retried by the caller's next look)."""
+    if manifest is None:
+      try:
+        manifest = mips_index.read_manifest(path)
+      except (errors.RetrievalError, OSError):
+        return False
+    found = block_tower_id(manifest)
+    if found == self.tower:
+      return True
+    told = (path, manifest.get("publication"))
+    if told not in self._told:
+      self._told.add(told)
+      logging.warning(
+          "refusing the index %s: its blocks were embedded by block tower %s, but the served "
+          "query tower was fine-tuned against block tower %s; keeping the current index (publish "
+          "one built with that tower's checkpoint, or fine-tune against the new one)", path,
+          found, self.tower)
+    return False
+
+
 class _Loaded:
 
   def __init__(self, path: str, index: mips_index.MipsIndex):

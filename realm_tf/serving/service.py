@@ -40,6 +40,7 @@ from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import errors as retrieval_errors
+from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import updates
 
@@ -128,8 +129,10 @@ class QAService:
                                                   reduce_retracing=True)
     self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
     handle = qa.builder.handle
-    self._current = _Index(qa.builder, handle.path, publish.parse_name(handle.path),
-                           handle.manifest)
+    self._current = _Index(qa.builder, handle.path,
+                           publish.publication_key(handle.path, handle.manifest), handle.manifest)
+    # The block tower the model answers against: a newer index of another is never swapped in.
+    self._tower = handle_lib.TowerGuard(handle.manifest)
     self._pending: Optional[_Index] = None
     self._swapped = threading.Condition()
     self._queue: "queue.Queue[_Request]" = queue.Queue()
@@ -152,7 +155,8 @@ class QAService:
                                        retriever_beam_size=self.reader_beam_size,
                                        reader_beam_size=self.reader_beam_size)
     handle = builder.handle
-    return _Index(builder, handle.path, publish.parse_name(handle.path), handle.manifest)
+    return _Index(builder, handle.path, publish.publication_key(handle.path, handle.manifest),
+                  handle.manifest)
 
   def _warm_up(self, index: _Index) -> None:
     """Runs batches of one and two questions through ``index`` (traces the builder's and
@@ -166,10 +170,13 @@ class QAService:
     ones, warms it up and makes it pending; returns it (None: nothing newer)."""
     with self._load_lock:
       path = publish.read_latest(self.index_dir)
-      known = max(self._current.key, self._pending.key if self._pending else (-1, -1))
-      if path is None or publish.parse_name(path) <= known:
+      known = max(self._current.key, self._pending.key if self._pending else (-1, -1, -1))
+      if (path is None or publish.publication_key(path) <= known or
+          not self._tower.admits(path)):
         return None
       index = self._open(path)  # LATEST may have moved on since: this opens the newest.
+      if not self._tower.admits(index.path, index.manifest):
+        return None
       self._warm_up(index)
       with self._swapped:
         if self._pending is None or self._pending.key < index.key:
@@ -193,7 +200,7 @@ class QAService:
 
   def wait_for(self, path: str, timeout: float) -> bool:
     """Waits until the index in ``path`` (or a newer one) answers the questions."""
-    key = publish.parse_name(path)
+    key = publish.publication_key(path)
     deadline = time.time() + timeout
     with self._swapped:
       while self._current.key < key:
@@ -300,8 +307,8 @@ class QAService:
                          "rank": rank, "retrieval_score": float(retrieval[i, rank])}})
       results.append({
           "question": question, "answers": answers, "model_step": self.model_step,
-          "index": os.path.basename(index.path), "index_step": int(index.key[0]),
-          "index_update": int(index.key[1]),
+          "index": os.path.basename(index.path), "index_step": int(index.key[1]),
+          "index_update": int(index.key[2]),
           "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
           "timings": dict(timings)})
     return results
@@ -344,7 +351,7 @@ class QAService:
     return {"status": "ok", "model_step": self.model_step,
             "checkpoint": os.path.basename(self.checkpoint),
             "index": os.path.basename(index.path),
-            "index_step": int(index.key[0]), "index_update": int(index.key[1]),
+            "index_step": int(index.key[1]), "index_update": int(index.key[2]),
             "num_blocks": int(handle.index.num_live),
             "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
             "in_flight": self._in_flight, "max_in_flight": self.max_in_flight,
