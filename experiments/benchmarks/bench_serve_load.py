@@ -15,8 +15,12 @@ Prints per concurrency: requests, answered (200), refused (429/503), failed (any
 other statuses, broken connections), p50 and p99 latency of the answered ones, and answered
 requests per second. At concurrency up to ``max_in_flight`` none should fail or be refused;
 past it the excess gets 429, still none fails.
+
+``make_world`` and ``serving`` (the corpus, model and index; realm-serve as a process on
+127.0.0.1, stopped on exit) are ``bench_serve_abuse``'s too.
 """
 
+import contextlib
 import http.client
 import json
 import os
@@ -50,6 +54,55 @@ def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
+
+
+def make_world(root: str, num_blocks: int):
+  """In ``root``: a corpus of ``num_blocks`` random-word blocks, an untrained Open-QA model of
+  the demo's size and an exact index of its block tower; ``(model, index, blocks, questions)``
+  (500 questions)."""
+  vocab = testing.write_vocab(os.path.join(root, "vocab.txt"))
+  blocks, model, index = (os.path.join(root, n) for n in ("blocks", "model", "index"))
+  testing.make_corpus(blocks, vocab, num_blocks, min_words=8, max_words=30)
+  testing.make_openqa_model(model, vocab, hidden_size=64, projection_size=128,
+                            query_seq_length=32, block_seq_length=32)
+  refresher.build_index_for_checkpoint(None, model, blocks, index, refresher.BuildOptions(
+      index_type="brute_force", recall_queries=0, progress=False, tensorboard_dir=""))
+  questions = [f"where was the {t} born?" for t in testing.random_texts(500, seed=7)[0]]
+  return model, index, blocks, questions
+
+
+@contextlib.contextmanager
+def serving(model: str, index: str, log_path: str, flags_=()):
+  """Runs ``realm-serve`` on ``model`` and ``index`` as a process of its own on 127.0.0.1 and a
+  free port (more flags: ``flags_``; its output: ``log_path``); yields ``(port, process)`` once
+  it answers ``/healthz`` (at most 300 s); stops it on exit (SIGTERM, then SIGKILL)."""
+  port = _free_port()
+  with open(log_path, "w") as log:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "realm_tf.binaries.serve", f"--model_dir={model}",
+         f"--index_dir={index}", "--host=127.0.0.1", f"--port={port}", *flags_],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"))
+    try:
+      deadline = time.time() + 300
+      while True:
+        try:
+          conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+          conn.request("GET", "/healthz")
+          if conn.getresponse().status == 200:
+            break
+        except OSError:
+          pass
+        if server.poll() is not None or time.time() > deadline:
+          raise RuntimeError(f"realm-serve did not start; see {log_path}")
+        time.sleep(0.5)
+      yield port, server
+    finally:
+      server.send_signal(signal.SIGTERM)
+      try:
+        server.wait(timeout=30)
+      except subprocess.TimeoutExpired:
+        server.kill()
 
 
 def _post(conn, body):
@@ -102,34 +155,9 @@ def main(argv):
   del argv
   root = tempfile.mkdtemp(prefix="bench_serve_load_")
   try:
-    vocab = testing.write_vocab(os.path.join(root, "vocab.txt"))
-    blocks, model, index = (os.path.join(root, n) for n in ("blocks", "model", "index"))
-    testing.make_corpus(blocks, vocab, FLAGS.num_blocks, min_words=8, max_words=30)
-    testing.make_openqa_model(model, vocab, hidden_size=64, projection_size=128,
-                              query_seq_length=32, block_seq_length=32)
-    refresher.build_index_for_checkpoint(None, model, blocks, index, refresher.BuildOptions(
-        index_type="brute_force", recall_queries=0, progress=False, tensorboard_dir=""))
-    questions = [f"where was the {t} born?" for t in testing.random_texts(500, seed=7)[0]]
-    port = _free_port()
-    log = open(os.path.join(root, "serve.log"), "w")  # pylint: disable=consider-using-with
-    server = subprocess.Popen(
-        [sys.executable, "-m", "realm_tf.binaries.serve", f"--model_dir={model}",
-         f"--index_dir={index}", f"--port={port}", f"--max_in_flight={FLAGS.max_in_flight}",
-         "--max_batch=8"], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-        env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"))
-    try:
-      deadline = time.time() + 300
-      while True:
-        try:
-          conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-          conn.request("GET", "/healthz")
-          if conn.getresponse().status == 200:
-            break
-        except OSError:
-          pass
-        if server.poll() is not None or time.time() > deadline:
-          raise RuntimeError(f"realm-serve did not start; see {log.name}")
-        time.sleep(0.5)
+    model, index, _, questions = make_world(root, FLAGS.num_blocks)
+    with serving(model, index, os.path.join(root, "serve.log"),
+                 [f"--max_in_flight={FLAGS.max_in_flight}", "--max_batch=8"]) as (port, _):
       _run(port, 2, 20, 60, questions)  # Warm-up: traced functions, tokenized blocks.
       rows = []
       for threads in [int(c) for c in FLAGS.concurrency]:
@@ -144,12 +172,6 @@ def main(argv):
                      statuses.count(200) / seconds))
         print(f"concurrency {threads}: {rows[-1][2]} of {rows[-1][1]} answered in "
               f"{seconds:.1f} s", flush=True)
-    finally:
-      server.send_signal(signal.SIGTERM)
-      try:
-        server.wait(timeout=30)
-      except subprocess.TimeoutExpired:
-        server.kill()
     print(f"\nrealm-serve, {FLAGS.num_blocks} blocks, --max_in_flight={FLAGS.max_in_flight}, "
           "--max_batch=8, 5 blocks read, top_k 3; a random question each request")
     print("| concurrency | requests | answered | 429/503 | failed | p50 ms | p99 ms | "
