@@ -45,6 +45,8 @@ flags.DEFINE_integer("max_in_flight", 16, "Requests admitted at once; more get 4
                      lower_bound=1)
 flags.DEFINE_float("timeout_seconds", 30.0, "Longest a question waits; then 503.")
 flags.DEFINE_integer("max_question_chars", 1000, "Longer questions get 422.", lower_bound=1)
+flags.DEFINE_integer("max_body_bytes", 1 << 20, "Longer request bodies get 413 (counted as they "
+                     "arrive: chunked ones too).", lower_bound=1)
 flags.DEFINE_float("poll_seconds", 1.0, "How often to look for a newer index.")
 flags.DEFINE_integer("keep", 3, "Indexes kept in --index_dir by updates.", lower_bound=1)
 flags.mark_flags_as_required(["model_dir", "index_dir"])
@@ -85,7 +87,8 @@ def main(argv):
     return service
 
   app = app_lib.create_app(open_service, token=token,
-                           max_question_chars=FLAGS.max_question_chars)
+                           max_question_chars=FLAGS.max_question_chars,
+                           max_body_bytes=FLAGS.max_body_bytes)
   # An expected error opening the service is reported on one line below, not as uvicorn's
   # start-up traceback.
   logging.getLogger("uvicorn.error").addFilter(
