@@ -96,9 +96,9 @@ def make_strategy(params, name: str, tpu: str = "local"):
   return train_lib.get_strategy(params)
 
 
-def prepare(out: str, seed: int):
-  """The world of ``seed`` and its data_prep outputs (reused when ``out`` already holds
-  them)."""
+def prepare(out: str, seed: int, world_scale: float = 1.0):
+  """The world of ``seed`` (``world_scale`` times the demo's) and its data_prep outputs (reused
+  when ``out`` already holds them)."""
   import json  # pylint: disable=g-import-not-at-top
   done = os.path.join(out, "prepared.json")
   if os.path.exists(done):
@@ -106,7 +106,7 @@ def prepare(out: str, seed: int):
       return json.load(f)
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  files = synthetic_world.write_world(demo.make_world(seed, seed),
+  files = synthetic_world.write_world(demo.make_world(seed, seed, world_scale),
                                       os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
   dirs = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
@@ -363,7 +363,7 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   model_dir = os.path.join(out, f"run-{int(time.time())}")
   _say(f"preparing a world (scale {FLAGS.world_scale}) under {out}")
-  data = prepare(out, FLAGS.seed)
+  data = prepare(out, FLAGS.seed, FLAGS.world_scale)
   params = experiment_params(data, os.path.join(model_dir, "aux"), FLAGS.experiment,
                              FLAGS.steps, FLAGS.refresh_every, retrieval=FLAGS.retrieval,
                              trainable_blocks=FLAGS.trainable_blocks,

@@ -87,9 +87,9 @@ def wait_all(procs):
         proc.kill()
 
 
-def make_world(seed: int, name_seed: int):
+def make_world(seed: int, name_seed: int, scale: float = 1.0):
+  """The synthetic world of ``seed`` (names of ``name_seed``), ``scale`` times the demo's."""
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  scale = FLAGS.world_scale
   return synthetic_world.generate_world(
       seed=seed, name_seed=name_seed, num_regions=round(6 * scale),
       num_cities=round(30 * scale), num_people=round(100 * scale),
@@ -101,7 +101,7 @@ def prepare_data(out: str):
   counterfactual reading worlds, with the demo world's vocabulary."""
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  world = make_world(FLAGS.seed, FLAGS.seed)
+  world = make_world(FLAGS.seed, FLAGS.seed, FLAGS.world_scale)
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
   common = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
@@ -109,7 +109,7 @@ def prepare_data(out: str):
                                   patterns_file=files["patterns"], eval_fraction=0.2,
                                   seed=FLAGS.seed, **common)
   reading = prepare_reading_worlds(
-      out, files["vocab"], [make_world(FLAGS.seed + i, FLAGS.seed)
+      out, files["vocab"], [make_world(FLAGS.seed + i, FLAGS.seed, FLAGS.world_scale)
                             for i in range(1, FLAGS.reading_worlds + 1)], FLAGS.seed, **common)
   return world, files, prepared, reading
 
