@@ -1,7 +1,8 @@
-"""The table runner: its statistics against direct computations, its outputs, and a smallest run.
+"""The table runner: its statistics against direct computations, the seed files and their
+fingerprints, the rendering, and a smallest seed.
 
-The smallest runs (Table 3 alone, every table) are in the slow tier; by default Table 3's
-probabilities run through the same code on the demo's data with random-weight models.
+The smallest seed is in the slow tier; by default Table 3's probabilities run through the same
+code on the demo's data with random-weight models.
 """
 
 import csv
@@ -13,6 +14,7 @@ import statistics
 import pytest
 
 from experiments import demo
+from experiments import table_seed
 from experiments import tables
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
@@ -44,54 +46,106 @@ def test_write_table_markdown_and_csv(tmp_path):
     assert list(csv.reader(f)) == [["a", "b"], ["x", "1.0 +- 0.2"]]
 
 
-def _fake_runs(rng):
-  """Three seeds of every row, Table 3 rows and validation curves, as main() collects them."""
-  seeds = {}
-  for seed in range(3):
-    openqa = {label: dict(em=rng.uniform(0.2, 0.6), zero_shot_recall_at_5=rng.uniform(0.1, 0.5),
-                          top_5_match=0.5, questions=1000) for label in tables.TABLE2_ROWS}
-    table3 = [dict(sentence=f"s{i}", answer="a", bert_null=rng.uniform(0, 0.1),
-                   realm_null=rng.uniform(0, 0.1), realm_gold=rng.uniform(0.5, 1),
-                   realm_marginal=rng.uniform(0.1, 0.5)) for i in range(7)]
-    curves = {name: {tag: [(step, rng.uniform()) for step in (0, 100, 200)]
-                     for tag in ("recall@5", "qa_recall@5", "retrieval_utility")}
-              for name in ("realm", "stale")}
-    seeds[seed] = dict(openqa=openqa, table3=table3, curves=curves)
-  return {"seeds": seeds}
+def _fake_seed(rng, seed, fingerprints=("c0de", "c0f1"), **settings):
+  """A seed file as table_seed.run_seed writes it, with random numbers."""
+  openqa = {label: dict(em=rng.uniform(0.2, 0.6), zero_shot_recall_at_5=rng.uniform(0.1, 0.5),
+                        top_5_match=0.5, questions=200) for label in tables.ROWS}
+  zero_shot = {r: dict(overall=rng.uniform(), covered=rng.uniform(), never_covered=rng.uniform(),
+                       covered_questions=90, never_covered_questions=110, questions=200,
+                       hits="01")
+               for r, _ in tables.ROWS.values()}
+  examples = [dict(sentence=f"s{i}", answer="a", bert_null=0.01, realm_null=0.02,
+                   realm_gold=0.7, realm_marginal=0.3) for i in range(3)]
+  medians = {k: rng.uniform() for k, _ in table_seed.TABLE3_COLUMNS}
+  curves = {name: {tag: [[step, rng.uniform()] for step in (0, 100, 200)]
+                   for tag in ("recall@5", "qa_recall@5", "retrieval_utility")}
+            for name in table_seed.PLOTTED}
+  base = dict(world_seed=0, world_scale=1.0, realm_steps=1000, realm_learning_rate=3e-5,
+              lr_retriever=1.0, openqa_steps=600, refresh_every=25, staleness=30)
+  return dict(seed=seed, fingerprints=dict(zip(("code", "config"), fingerprints)),
+              settings=dict(base, **settings), git_commit=f"{seed}" * 40, minutes=70.0,
+              world=dict(num_blocks=388, test_questions=200, held_out_sentences=230,
+                         news_sentences=300),
+              openqa=openqa, zero_shot=zero_shot,
+              table3=dict(examples=examples, count=3, medians=medians), curves=curves)
 
 
-def test_render_every_table_and_the_plot(tmp_path):
+def _write_seeds(directory, seeds):
+  directory.mkdir(parents=True, exist_ok=True)
+  for s in seeds:
+    (directory / f"seed{s['seed']}.json").write_text(json.dumps(s))
+
+
+def test_render_every_table_and_the_plot_from_seed_files(tmp_path):
   import numpy as np  # pylint: disable=g-import-not-at-top
-  if not tables.FLAGS.is_parsed():
-    tables.FLAGS(["tables"])
-  runs = _fake_runs(np.random.default_rng(0))
-  text = tables.render(str(tmp_path), runs, ["1", "2", "3"], "setting line")
-  em = [runs["seeds"][s]["openqa"]["REALM"]["em"] for s in range(3)]
+  rng = np.random.default_rng(0)
+  seeds = [_fake_seed(rng, s) for s in range(3)]
+  _write_seeds(tmp_path / "results", seeds)
+  loaded = tables.load_seeds(str(tmp_path / "results"))
+  assert list(loaded) == [0, 1, 2]
+  text = tables.render(str(tmp_path), loaded, ["1", "2", "3"])
+  em = [s["openqa"]["REALM"]["em"] for s in seeds]
   assert f"| REALM | {tables.fmt(em)} |" in text
+  news = [s["openqa"][tables.NEWS_ROW]["em"] for s in seeds]
+  assert f"| REALM, X = news, Z = the encyclopedia | {tables.fmt(news)} |" in text
   with open(tmp_path / "table2.csv") as f:
-    rows = list(csv.reader(f))
-  assert [r[0] for r in rows[1:]] == list(tables.TABLE2_ROWS)
-  medians = [np.median([r["realm_gold"] for r in runs["seeds"][s]["table3"]]) for s in range(3)]
+    assert [r[0] for r in list(csv.reader(f))[1:]] == list(tables.ROWS)
+  covered = [s["zero_shot"]["realm"]["covered"] for s in seeds]
+  assert f"| REALM | " in (tmp_path / "table2.md").read_text()
+  assert tables.fmt(covered) in (tmp_path / "table2.md").read_text()
+  medians = [s["table3"]["medians"]["realm_gold"] for s in seeds]
   assert f"{statistics.fmean(medians):.3g}" in (tmp_path / "table3.md").read_text()
-  assert "REALM vs baseline (EM)" in (tmp_path / "table2.md").read_text()
-  # Without the trainable-block-tower row (--trainable_row=false): the paper's seven rows.
-  for seed in runs["seeds"].values():
-    del seed["openqa"][tables.TRAINABLE_ROW]
-  tables.render(str(tmp_path), runs, ["2"], "setting line")
-  with open(tmp_path / "table2.csv") as f:
-    assert [r[0] for r in list(csv.reader(f))[1:]] == list(tables.PAPER_TABLE2)[:7]
+  assert "REALM vs baseline (zero-shot R@5)" in (tmp_path / "table2.md").read_text()
+  assert "3 seed(s) (0, 1, 2)" in (tmp_path / "table1.md").read_text()
   assert (tmp_path / "staleness.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def _smallest_run(out, table, seeds):
-  proc = helpers.run_process(
-      "experiments.tables", f"--output_dir={out}", f"--table={table}",
-      f"--seeds={seeds}", "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4",
-      "--distractor_steps=3", "--ict_steps=4", "--realm_steps=6", "--refresh_every=3",
-      "--validation_every=3", "--openqa_steps=3", "--qa_test_fraction=0.3",
-      "--eval_fraction=0.3", timeout=1800)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return json.loads((out / "runs.json").read_text())["seeds"]
+def test_render_refuses_to_mix_fingerprints(tmp_path):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  _write_seeds(tmp_path / "a", [_fake_seed(rng, 0), _fake_seed(rng, 1),
+                                _fake_seed(rng, 2, ("c0de", "other"), realm_steps=500)])
+  with pytest.raises(tables.MixedSeedsError,
+                     match=r"seed 2's config fingerprint other differs from seed 0's c0f1 "
+                           r"\(settings: realm_steps\)"):
+    tables.load_seeds(str(tmp_path / "a"))
+  _write_seeds(tmp_path / "b", [_fake_seed(rng, 0), _fake_seed(rng, 4, ("beef", "c0f1"))])
+  with pytest.raises(tables.MixedSeedsError, match=r"seed 4's code fingerprint beef differs.*"
+                                                  r"commits 0000000000 and 4444444444"):
+    tables.load_seeds(str(tmp_path / "b"))
+  with pytest.raises(FileNotFoundError, match="no seed"):
+    tables.load_seeds(str(tmp_path / "empty"))
+
+
+def test_fingerprints_follow_the_code_and_the_settings(tmp_path):
+  """The code fingerprint changes with a file of CODE_FILES, not with serving code; the config
+  fingerprint with any setting."""
+  for rel in ("data_prep/a.py", "realm_tf/tasks/t.py", "realm_tf/serving/app.py"):
+    (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / rel).write_text("x = 1\n")
+  before = table_seed.code_fingerprint(str(tmp_path))
+  (tmp_path / "realm_tf/serving/app.py").write_text("x = 2\n")
+  assert table_seed.code_fingerprint(str(tmp_path)) == before
+  (tmp_path / "realm_tf/tasks/t.py").write_text("x = 2\n")
+  assert table_seed.code_fingerprint(str(tmp_path)) != before
+  if not tables.FLAGS.is_parsed():
+    tables.FLAGS(["tables"])
+  config = table_seed.settings()
+  assert config["realm_steps"] == tables.FLAGS.realm_steps and "yaml:ict_cpu__demo.yaml" in config
+  other = dict(config, lr_retriever=0.5)
+  assert table_seed.config_fingerprint(other) != table_seed.config_fingerprint(config)
+  assert table_seed.config_fingerprint(dict(config)) == table_seed.config_fingerprint(config)
+
+
+def test_split_by_coverage_against_a_direct_count(tmp_path):
+  coverage = tmp_path / "news_coverage.json"
+  coverage.write_text(json.dumps({"covered": ["A", "C"]}))
+  data = dict(files=dict(news_coverage=str(coverage)),
+              test_subjects={"q1": "A", "q2": "B", "q3": "C", "q4": "B", "q5": "A"})
+  out = table_seed.split_by_coverage([True, False, False, True, True], data)
+  assert out["overall"] == pytest.approx(3 / 5)
+  assert out["covered"] == pytest.approx(2 / 3) and out["covered_questions"] == 3
+  assert out["never_covered"] == pytest.approx(1 / 2) and out["never_covered_questions"] == 2
 
 
 def _random_model_dir(path, vocab):
@@ -110,45 +164,44 @@ def _random_model_dir(path, vocab):
 
 
 def test_table3_probabilities_on_the_demo_data(demo_world, tmp_path):
-  """test_table3_smallest_run's fast sibling: Table 3's probabilities (the same function) on the
+  """test_one_seed_smallest_run's fast sibling: Table 3's probabilities (the same function) on the
   demo's data at the same world scale, from a REALM model and a "BERT" reader of random weights
   instead of trained ones (the training runs are test_realm_training's)."""
   data = dict(files=demo_world["files"], dirs=demo_world["prepared"]["dirs"])
   vocab = data["files"]["vocab"]
-  rows = tables.table3_probabilities(data, _random_model_dir(str(tmp_path / "realm"), vocab),
+  rows = table_seed.table3_probabilities(data, _random_model_dir(str(tmp_path / "realm"), vocab),
                                      _random_model_dir(str(tmp_path / "bert"), vocab))
-  assert rows and all(0 <= r[k] <= 1 for r in rows for k, _ in tables.TABLE3_COLUMNS)
+  assert rows and all(0 <= r[k] <= 1 for r in rows for k, _ in table_seed.TABLE3_COLUMNS)
   assert all(r["answer"] in r["sentence"] and r["answer"] in r["gold_block"] for r in rows)
 
 
 @pytest.mark.slow
-def test_table3_smallest_run(tmp_path):
-  """Table 3 end to end at the smallest size: data, warm starts, REALM beside its refresher
-  (validated during training: the plot's curves), the probabilities."""
-  out = tmp_path / "tables"
-  runs = _smallest_run(out, "3", 1)
-  assert sorted(runs) == ["0"] and not runs["0"]["openqa"]
-  rows = runs["0"]["table3"]
-  assert rows and all(0 <= r[k] <= 1 for r in rows for k, _ in tables.TABLE3_COLUMNS)
-  assert runs["0"]["curves"]["realm"]["recall@5"]
-  assert (out / "table3.md").exists() and (out / "table3.csv").exists()
-
-
-@pytest.mark.slow
-def test_every_table_smallest_run(tmp_path):
-  """All three tables at the smallest size, two seeds: every run, file and plot."""
-  out = tmp_path / "tables"
-  runs = _smallest_run(out, "1,2,3", 2)
-  assert sorted(runs) == ["0", "1"]
-  for seed in runs.values():
-    assert set(seed["openqa"]) == set(tables.TABLE2_ROWS)
-    for row in seed["openqa"].values():
-      assert 0 <= row["em"] <= 1 and 0 <= row["zero_shot_recall_at_5"] <= 1
-    assert seed["curves"]["stale"]["recall@5"]
+def test_one_seed_smallest_run_and_render(tmp_path):
+  """One seed end to end at the smallest size (every run, the seed file), then rendered."""
+  results = tmp_path / "results"
+  proc = helpers.run_process(
+      "experiments.tables", f"--output_dir={tmp_path / 'out'}", "--seed=0",
+      f"--results_dir={results}", "--world_scale=0.3", "--reading_worlds=1",
+      "--reading_steps=4", "--distractor_steps=3", "--ict_steps=4", "--realm_steps=6",
+      "--refresh_every=3", "--validation_every=3", "--openqa_steps=3",
+      "--qa_test_fraction=0.3", timeout=1800)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  seed = json.loads((results / "seed0.json").read_text())
+  assert set(seed["openqa"]) == set(tables.ROWS)
+  for row in seed["openqa"].values():
+    assert 0 <= row["em"] <= 1 and 0 <= row["zero_shot_recall_at_5"] <= 1
+  for z in seed["zero_shot"].values():
+    assert len(z["hits"]) == z["questions"] == seed["world"]["test_questions"]
+    assert z["covered_questions"] + z["never_covered_questions"] == z["questions"]
+    assert z["overall"] == pytest.approx(z["hits"].count("1") / z["questions"])
+  assert seed["curves"]["news"]["qa_recall@5"] and seed["curves"]["stale"]["recall@5"]
+  assert seed["fingerprints"]["code"] == table_seed.code_fingerprint()
+  proc = helpers.run_process("experiments.tables", "--render", f"--results_dir={results}",
+                             f"--render_dir={tmp_path}")
+  assert proc.returncode == 0, proc.stderr[-3000:]
   for name in ("table1", "table2", "table3"):
-    assert "+-" in (out / f"{name}.md").read_text() or name == "table3"
-    assert (out / f"{name}.csv").exists()
-  assert (out / "staleness.png").exists()
+    assert (tmp_path / f"{name}.md").exists() and (tmp_path / f"{name}.csv").exists()
+  assert (tmp_path / "staleness.png").exists()
 
 
 def test_paper_scale_prints_the_recipe():

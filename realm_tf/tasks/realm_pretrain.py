@@ -292,6 +292,15 @@ class RealmPretrainTask(base.RealmBaseTask):
       ``[n, num_candidates]`` (the null block first), its top ``depth`` block ids (default:
       the whole corpus) and the brute-force index, for searches with other queries.
     """
+    builder = self.validation_builder()
+    index = self.corpus_index(model)
+    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
+    ranked, _ = index.search(queries, min(depth or builder.null_row, index.num_live))
+    return builder.select_candidates(ranked, examples["source_uid"]), ranked, index
+
+  def corpus_index(self, model: RealmPretrainer):
+    """A brute-force index of the validation corpus embedded with ``model``'s block tower
+    (blocks deleted by updates are never retrieved)."""
     from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
     from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
     model_config, blocks_dir = self.task_config.model, self.validation_blocks_dir()
@@ -299,12 +308,9 @@ class RealmPretrainTask(base.RealmBaseTask):
     ids, emb = corpus_embedding.embed_corpus(
         model.block_embedder, blocks_dir, model_config.retriever.block_seq_length,
         model_config.vocab_file, model_config.lower_case, progress=False)
-    index = mips_index.BruteForceIndex(
+    return mips_index.BruteForceIndex(
         corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir),
-        deleted=builder.store.deleted)  # Blocks deleted by updates are never retrieved.
-    queries = self._embed_queries(model, examples["query_ids"], examples["query_mask"])
-    ranked, _ = index.search(queries, min(depth or builder.null_row, index.num_live))
-    return builder.select_candidates(ranked, examples["source_uid"]), ranked, index
+        deleted=builder.store.deleted)
 
   def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:
     """Query-tower embeddings (float32 ``[n, dim]``) of ``[CLS] ... [SEP]`` inputs."""
@@ -330,15 +336,20 @@ class RealmPretrainTask(base.RealmBaseTask):
       self._qa = questions, {k: v.numpy() for k, v in inputs.items()}
     return self._qa
 
-  def _qa_recall(self, model, index, builder) -> dict:
-    """Zero-shot ``qa_recall@k`` over ``qa_eval_path``'s questions (see the module doc)."""
-    k = self.task_config.recall_at
+  def qa_hits(self, model, index, builder, k: int):
+    """Per question of ``qa_eval_path``, in order: does one of the top ``k`` blocks retrieved
+    for it (``index``, searched with ``model``'s query tower) hold an answer?"""
     questions, inputs = self.qa_questions()
     embeddings = self._embed_queries(model, inputs["input_word_ids"], inputs["input_mask"])
     ranked, _ = index.search(embeddings, min(k, builder.null_row))
-    hits = [any(openqa_inputs.has_answer(builder.bodies_text[b], q.answers, q.is_regex)
+    return [any(openqa_inputs.has_answer(builder.bodies_text[b], q.answers, q.is_regex)
                 for b in row[:k] if 0 <= b < builder.null_row)   # never the null row
             for q, row in zip(questions, ranked)]
+
+  def _qa_recall(self, model, index, builder) -> dict:
+    """Zero-shot ``qa_recall@k`` over ``qa_eval_path``'s questions (see the module doc)."""
+    k = self.task_config.recall_at
+    hits = self.qa_hits(model, index, builder, k)
     return {f"qa_recall@{k}": float(np.mean(hits)), "qa_questions": float(len(hits))}
 
   # ---- losses, metrics, steps ----

@@ -1,0 +1,484 @@
+r"""One seed of the CPU-scale Tables 1-3: every run, from the warm starts to the test numbers.
+
+``python -m experiments.tables --seed=N`` calls :func:`run_seed`; ``experiments.tables`` renders
+the tables from the seed files it writes. A seed is self-contained: on the one synthetic world
+that every seed and row shares (``--world_seed``; its questions and blocks), it trains its own
+warm starts (the "BERT" reading reader and the ICT retriever), its REALM pre-training runs each
+beside its refresher, and its Open-QA fine-tunes, all seeded with ``N`` (data order, mask
+draws, ICT pairs; fresh heads and dropout are not seeded), and writes one small JSON file,
+``seed<N>.json``, under ``--results_dir``. Everything else goes under ``--output_dir``; a rerun
+into the same directory skips every finished stage (``TRAINING_DONE``, ``prepared.json``).
+
+Pre-training runs (``PRETRAIN_RUNS``), side by side, each beside its refresher:
+
+* ``realm``: salient spans of the encyclopedia's own sentences (X = Z), index refreshed at every
+  checkpoint; ``stale``: the same with the index at most every ``staleness x refresh_every``
+  steps; ``random_span`` and ``uniform``: the other maskings;
+* ``news``: salient spans of the world's news items (``synthetic_world.generate_news``), which
+  are not blocks of the encyclopedia (X != Z: ``data_prep --source_corpus news``), so nothing
+  is excluded from their candidates: the paper's CC-News setting.
+
+Open-QA rows (``ROWS``): each from a (retriever, reader) pair of those runs or the warm starts,
+fine-tuned for the same steps on the same questions against a frozen brute-force index of its
+retriever's block tower; EM and top-5 match on the test questions after fine-tuning, and
+zero-shot recall@5 (before fine-tuning) per question, split by whether the news covers the
+question's subject. Table 3's probabilities come from the ``realm`` run.
+
+``fingerprints`` are what ``experiments.tables`` compares before mixing seeds: ``code``, the
+SHA-256 of the source files that compute a seed's numbers (``CODE_FILES``), and ``config``,
+that of every setting and of the YAML files the runs load.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import time
+from typing import Dict, List, Sequence
+
+from absl import flags
+
+from experiments import demo
+
+FLAGS = flags.FLAGS
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Pre-training runs: name -> (examples, refreshed at every checkpoint (1) or staleness x staler).
+PRETRAIN_RUNS = {"realm": ("salient", 1), "stale": ("salient", None),
+                 "random_span": ("random_span", 1), "uniform": ("uniform", 1),
+                 "news": ("news", 1)}
+PLOTTED = ("realm", "stale", "news")   # validated every validation_every steps: the curves
+NEWS_ROW = "REALM, news pre-training (X != Z)"
+# Open-QA rows: label -> (retriever source, reader source); "ict"/"bert" are the warm starts.
+ROWS = {
+    "REALM": ("realm", "realm"),
+    "REALM retriever + baseline encoder": ("realm", "bert"),
+    "baseline retriever + REALM encoder": ("ict", "realm"),
+    "baseline (ORQA)": ("ict", "bert"),
+    "random uniform masks": ("uniform", "uniform"),
+    "random span masks": ("random_span", "random_span"),
+    "30x staler index": ("stale", "stale"),
+    NEWS_ROW: ("news", "news"),
+}
+# The source files whose code computes a seed's numbers. Not in it: serving, index storage,
+# publication and live updates (tested against brute force; the runs use exact indexes), the
+# binaries' argument parsing, and the rendering of the tables.
+CODE_FILES = ("data_prep/*.py", "realm_tf/modeling/*.py", "realm_tf/tasks/*.py",
+              "realm_tf/openqa/*.py", "realm_tf/configs.py", "realm_tf/tokenization.py",
+              "realm_tf/train_lib.py", "realm_tf/data/features.py", "realm_tf/data/loaders.py",
+              "realm_tf/data/answers.py", "realm_tf/data/block_store.py",
+              "realm_tf/data/qa.py", "realm_tf/retrieval/candidates.py",
+              "realm_tf/retrieval/brute_force.py", "realm_tf/retrieval/corpus_embedding.py",
+              "realm_tf/retrieval/device_retrieval.py", "experiments/demo.py",
+              "experiments/table_seed.py")
+CONFIG_FILES = ("reader_read_cpu__demo.yaml", "ict_cpu__demo.yaml",
+                "realm_pretrain_cpu__demo.yaml", "openqa_cpu__demo.yaml")
+# The flags a seed's numbers depend on (the demo's and the tables' own).
+SETTING_FLAGS = ("world_seed", "world_scale", "reading_worlds", "reading_steps",
+                 "distractor_steps", "distractors", "ict_steps", "ict_learning_rate",
+                 "realm_steps", "realm_learning_rate", "refresh_every", "openqa_steps",
+                 "openqa_learning_rate", "qa_test_fraction", "eval_fraction", "staleness",
+                 "validation_every", "news_share", "lr_retriever", "table3_examples")
+
+
+def say(message: str) -> None:
+  print(f"[tables {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --------------------------------------------------------------------------- fingerprints --
+def code_fingerprint(root: str = REPO) -> str:
+  """SHA-256 over ``CODE_FILES``' paths and contents (sorted), 16 hex digits."""
+  h = hashlib.sha256()
+  for path in sorted({p for pattern in CODE_FILES for p in glob.glob(os.path.join(root, pattern))}):
+    with open(path, "rb") as f:
+      h.update(os.path.relpath(path, root).encode() + b"\0" + hashlib.sha256(f.read()).digest())
+  return h.hexdigest()[:16]
+
+
+def settings() -> Dict:
+  """Every setting of a seed's runs: ``SETTING_FLAGS``' values, the rows and runs, and the
+  YAML files' contents."""
+  out = {name: FLAGS[name].value for name in SETTING_FLAGS}
+  out["rows"] = {k: list(v) for k, v in ROWS.items()}
+  out["pretrain_runs"] = {k: list(v) for k, v in PRETRAIN_RUNS.items()}
+  for name in CONFIG_FILES:
+    with open(os.path.join(demo.CONFIG_DIR, name)) as f:
+      out[f"yaml:{name}"] = f.read()
+  return out
+
+
+def config_fingerprint(config: Dict) -> str:
+  return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def git_commit() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------------- data --
+def prepare(out: str) -> Dict:
+  """The shared world and its data (kept in ``out/prepared.json``; a rerun reuses them): the
+  encyclopedia's blocks, masked sentences (three maskings) and ICT examples, the news's masked
+  sentences (X != Z), the reading worlds, and each test question's subject."""
+  done = os.path.join(out, "prepared.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
+  from data_prep import pretrain_examples  # pylint: disable=g-import-not-at-top
+  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
+  seed = FLAGS.world_seed
+  world = demo.make_world(seed, seed, FLAGS.world_scale)
+  files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
+                                      whole_word_names=True,
+                                      qa_test_fraction=FLAGS.qa_test_fraction,
+                                      news_seed=seed, news_share=FLAGS.news_share)
+  common = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2,
+                eval_fraction=FLAGS.eval_fraction, seed=seed)
+  prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
+                                  patterns_file=files["patterns"], **common)
+  dirs = dict(prepared["dirs"], pretrain_salient=prepared["dirs"]["pretrain"])
+  for masking in ("random_span", "uniform"):
+    d = os.path.join(out, "data", f"pretrain_{masking}")
+    pretrain_examples.run_pretrain_examples(
+        dirs["sentences"], files["vocab"], d, masking=masking, query_seq_length=32,
+        examples_per_sentence=2, eval_fraction=FLAGS.eval_fraction, seed=seed)
+    dirs[f"pretrain_{masking}"] = d
+  news = pipeline.prepare_all(files["news"], files["vocab"], os.path.join(out, "news"),
+                              patterns_file=files["patterns"], source_corpus="news", **common)
+  dirs["pretrain_news"] = news["dirs"]["pretrain"]
+  reading = demo.prepare_reading_worlds(
+      out, files["vocab"], [demo.make_world(seed + i, seed, FLAGS.world_scale)
+                            for i in range(1, FLAGS.reading_worlds + 1)], seed,
+      block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
+  subject = {q["question"]: f["subject"] for q, f in synthetic_world.qa_facts(world)}
+  with open(files["qa_test"]) as f:
+    test = [json.loads(line)["question"] for line in f if line.strip()]
+  prepared = dict(files=files, dirs=dirs, reading=reading, num_test_questions=len(test),
+                  num_blocks=prepared["blocks"]["num_blocks"],
+                  num_held_out_sentences=prepared["pretrain"]["num_eval"],
+                  num_news_sentences=news["pretrain"]["num_train"],
+                  test_subjects={q: subject[q] for q in test})
+  say(f"world: {len(world.articles)} articles, {prepared['num_blocks']} blocks, "
+      f"{prepared['num_held_out_sentences']} held-out masked sentences, {len(test)} test "
+      f"questions; news: {prepared['num_news_sentences']} masked training sentences")
+  with open(done, "w") as f:
+    json.dump(prepared, f)
+  return prepared
+
+
+# ---------------------------------------------------------------------------- warm starts --
+def warm_starts(out: str, data: Dict, seed: int) -> Dict[str, str]:
+  """This seed's "BERT" reader and ICT retriever (``demo.warm_start_stages``, each stage's
+  data order seeded and TensorFlow's global seed set to ``seed`` before it), under ``out``:
+  ``{"bert": the reader REALM and the baseline start from, "ict": ..., and the stages}``."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  stages = demo.warm_start_stages(data["files"]["vocab"], demo.reading_corpora(
+      out, data["reading"]), data["dirs"]["ict"])
+  dirs = {}
+  for name, (experiment, steps, lr, yamls, overrides) in stages.items():
+    tf_keras.utils.set_random_seed(seed)
+    one = {name: (experiment, steps, lr, yamls,
+                  list(overrides) + [f"task.train_data.seed={seed}"])}
+    dirs.update({n: d for n, (d, _) in demo.train_warm_starts(out, one).items()})
+  dirs["bert"] = dirs["reader" if "reader" in dirs else "reader_read"]
+  return dirs
+
+
+# ------------------------------------------------------------------------- pre-training --
+def pretrain_overrides(data, examples, index_dir, seed, warm, plotted):
+  vocab, dirs = data["files"]["vocab"], data["dirs"]
+  n = demo.vocab_size(vocab)
+  every = FLAGS.refresh_every
+  overrides = [
+      f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
+      f"task.model.reader.encoder.vocab_size={n}",
+      f"task.train_data.input_path={os.path.join(dirs[f'pretrain_{examples}'], 'train-*')}",
+      f"task.train_data.blocks_dir={dirs['blocks']}", f"task.train_data.seed={seed}",
+      # Every run validates on the encyclopedia's held-out sentences (salient spans).
+      f"task.validation_data.input_path={os.path.join(dirs['pretrain_salient'], 'eval-*')}",
+      f"task.validation_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
+      f"task.retriever_init_checkpoint={warm['ict']}",
+      f"task.reader_init_checkpoint={warm['bert']}",
+      f"task.lr_retriever={FLAGS.lr_retriever}",
+      f"trainer.checkpoint_interval={every}", f"trainer.summary_interval={every}",
+      f"trainer.steps_per_loop={every}",
+      f"trainer.validation_interval={FLAGS.validation_every if plotted else every}",
+  ]
+  if plotted:
+    overrides.append(f"task.qa_eval_path={data['files']['qa_dev']}")
+  return ",".join(overrides + demo.schedule(FLAGS.realm_steps, FLAGS.realm_learning_rate))
+
+
+def start_pretrain(model_dir, data, warm, seed, examples, min_interval, plotted):
+  """Starts one REALM pre-training run in ``model_dir`` beside its refresher (its index in
+  ``model_dir + "_index"``, built at most every ``min_interval`` steps); returns the
+  ``(process, name, log)`` triples for ``demo.wait_all``."""
+  index_dir = model_dir + "_index"
+  name = os.path.basename(model_dir)
+  refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
+                    f"--index_dir={index_dir}", f"--blocks_dir={data['dirs']['blocks']}",
+                    "--poll_seconds=1", "--model_dir_wait_seconds=1800", "--keep=2",
+                    "--index_type=brute_force", "--progress=false",
+                    f"--min_step_interval={min_interval}"]
+  trainer_args = [
+      "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
+      "--mode=" + ("train_and_eval" if plotted else "train"),
+      f"--config_file={os.path.join(demo.CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
+      f"--model_dir={model_dir}",
+      "--params_override=" + pretrain_overrides(data, examples, index_dir, seed, warm, plotted)]
+  os.makedirs(os.path.dirname(model_dir), exist_ok=True)
+  procs = []
+  for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
+    log = f"{model_dir}.{binary}.log"
+    procs.append((demo.start_binary(args, log), f"realm-{binary} ({name}, seed {seed})", log))
+  return procs
+
+
+def pretrain(base: str, data: Dict, warm: Dict[str, str], seed: int) -> Dict[str, str]:
+  """This seed's REALM pre-training runs (``PRETRAIN_RUNS``), side by side; their dirs."""
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  procs, dirs = [], {}
+  for name, (examples, interval) in PRETRAIN_RUNS.items():
+    model_dir = os.path.join(base, name)
+    dirs[name] = model_dir
+    if model_dir_lib.training_done(model_dir):
+      continue
+    min_interval = 0 if interval == 1 else FLAGS.refresh_every * FLAGS.staleness
+    procs += start_pretrain(model_dir, data, warm, seed, examples, min_interval,
+                            plotted=name in PLOTTED)
+  if procs:
+    say(f"seed {seed}: REALM pre-training {', '.join(PRETRAIN_RUNS)} "
+        f"({FLAGS.realm_steps} steps each, side by side)")
+    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
+  return dirs
+
+
+# ------------------------------------------------------------------------------ Open-QA --
+def slug(label: str) -> str:
+  return "openqa_" + "".join(c if c.isalnum() else "_" for c in label.lower()).strip("_")
+
+
+def finetune(base: str, data: Dict, sources: Dict[str, str], seed: int) -> Dict[str, Dict]:
+  """The Open-QA rows (``ROWS``) side by side, each against a frozen brute-force index of its
+  retriever's block tower; label -> {"em", "top_5_match" (fine-tuned), "zero_shot_recall_at_5"
+  (the initialization's top-5 match), "questions"}."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
+  files, vocab = data["files"], data["files"]["vocab"]
+  config_file = os.path.join(demo.CONFIG_DIR, "openqa_cpu__demo.yaml")
+  indexes = {}
+  for retriever, _ in ROWS.values():
+    if retriever not in indexes:
+      indexes[retriever] = os.path.join(base, f"openqa_index_{retriever}")
+      if not tf.io.gfile.exists(os.path.join(indexes[retriever], "LATEST")):
+        refresher.build_index_for_checkpoint(
+            None, sources[retriever], data["dirs"]["blocks"], indexes[retriever],
+            options=refresher.BuildOptions(index_type="brute_force", progress=False))
+
+  def overrides(label, split):
+    retriever, reader = ROWS[label]
+    return demo.openqa_overrides(vocab, indexes[retriever], files["qa_train"], files[split],
+                                 sources[retriever], sources[reader]) + (
+                                     f",task.train_data.seed={seed}")
+
+  procs = []
+  for label in ROWS:
+    model_dir = os.path.join(base, slug(label))
+    if model_dir_lib.training_done(model_dir):
+      continue
+    log = model_dir + ".train.log"
+    procs.append((demo.start_binary(["realm_tf.binaries.train", "--experiment=openqa_cpu",
+                                     "--mode=train_and_eval", f"--config_file={config_file}",
+                                     f"--model_dir={model_dir}",
+                                     "--params_override=" + overrides(label, "qa_dev")], log),
+                  f"realm-train ({label}, seed {seed})", log))
+  if procs:
+    say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
+        f"({FLAGS.openqa_steps} steps each)")
+    demo.wait_all(procs)
+  results, zero_shot = {}, {}
+  for label, (retriever, _) in ROWS.items():
+    params = configs.load_experiment("openqa_cpu", [config_file], overrides(label, "qa_test"))
+    if retriever not in zero_shot:
+      # An empty model directory evaluates the initialization: zero-shot retrieval.
+      start_dir = os.path.join(base, f"openqa_start_{retriever}")
+      tf.io.gfile.makedirs(start_dir)
+      zero_shot[retriever] = train_lib.run_experiment(params, start_dir, mode="eval")
+    after = train_lib.run_experiment(params, os.path.join(base, slug(label)), mode="eval")
+    results[label] = dict(em=after["official_exact_match"], top_5_match=after["top_5_match"],
+                          zero_shot_recall_at_5=zero_shot[retriever]["top_5_match"],
+                          questions=after["questions"])
+    say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
+        f"{results[label]['zero_shot_recall_at_5']:.3f}")
+  return results
+
+
+# ---------------------------------------------------------------- zero-shot, per question --
+def realm_task(data: Dict, qa_path: str = ""):
+  """A REALM pre-training task over the world's blocks (the demo's model shapes)."""
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  vocab, dirs = data["files"]["vocab"], data["dirs"]
+  n = demo.vocab_size(vocab)
+  params = configs.load_experiment(
+      "realm_pretrain_cpu", [os.path.join(demo.CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
+      ",".join([f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
+                f"task.model.reader.encoder.vocab_size={n}",
+                f"task.validation_data.input_path={os.path.join(dirs['pretrain'], 'eval-*')}",
+                f"task.validation_data.blocks_dir={dirs['blocks']}",
+                f"task.qa_eval_path={qa_path}"]))
+  return task_factory.get_task(params.task)
+
+
+def zero_shot_by_question(data: Dict, retriever_dir: str) -> List[bool]:
+  """Per test question, in file order: does one of the 5 blocks that ``retriever_dir``'s towers
+  retrieve exactly hold an answer (the REALM task's ``qa_recall@5``, per question)?"""
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  task = realm_task(data, data["files"]["qa_test"])
+  model = task.build_model()
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(retriever_dir),
+                        query_embedder=model.query_embedder, block_embedder=model.block_embedder)
+  return task.qa_hits(model, task.corpus_index(model), task.validation_builder(), k=5)
+
+
+def split_by_coverage(hits: Sequence[bool], data: Dict) -> Dict:
+  """Recall overall and over the test questions whose subject the news covers / never covers."""
+  with open(data["files"]["news_coverage"]) as f:
+    covered = set(json.load(f)["covered"])
+  subjects = list(data["test_subjects"].values())
+  out = {"overall": sum(hits) / len(hits), "questions": len(hits)}
+  for name, keep in (("covered", True), ("never_covered", False)):
+    chosen = [h for h, s in zip(hits, subjects) if (s in covered) == keep]
+    out[name] = sum(chosen) / len(chosen) if chosen else float("nan")
+    out[f"{name}_questions"] = len(chosen)
+  return out
+
+
+# ------------------------------------------------------------------------------- Table 3 --
+def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict]:
+  """Per held-out masked sentence whose answer another block holds: ``p(y|x)`` of the span
+  (the product over its masked tokens) from the "BERT" reader and from REALM's reader with the
+  null block, REALM's reader given the best-ranked block that holds the answer, and REALM's
+  marginal over its candidates (the null block and its top k - 1)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import answers  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling import losses  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks.realm_pretrain import DEVICE_FEATURES  # pylint: disable=g-import-not-at-top
+  task = realm_task(data)
+  realm = task.build_model()
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(realm_dir), **realm.checkpoint_items)
+  bert = task.build_model()
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(bert_dir), allow_missing=True,
+                        reader=bert.reader)
+  builder = task.validation_builder()
+  examples = task.loader(task.task_config.validation_data).read_all()
+  top, ranked, _ = task.exact_candidates(realm, examples)
+  gold = top.copy()
+  keep = []
+  for i, (row, uid, answer) in enumerate(zip(ranked, examples["source_uid"],
+                                             examples["answer"])):
+    holding = [b for b in builder.non_trivial(row, uid)
+               if answers.holds_answer(builder.bodies_text[b], answer)]
+    if holding:
+      keep.append(i)
+      gold[i, 1] = holding[0]
+
+  def span_log_p(model, candidates, which):
+    out = []
+    for s in range(0, len(ranked), 64):
+      sl = slice(s, s + 64)
+      feats = builder.features({k: v[sl] for k, v in examples.items()}, candidates=candidates[sl])
+      outputs = model({k: feats[k] for k in DEVICE_FEATURES}, training=False)
+      m = losses.realm_metrics(outputs["retrieval_logits"], outputs["mlm_logits"],
+                               feats["mlm_ids"], feats["mlm_weights"])
+      w = feats["mlm_weights"]
+      if which == "marginal":
+        out.append((m["token_log_p"].numpy() * w).sum(1))
+      else:
+        out.append((m["token_log_p_given_z"].numpy()[:, which] * w).sum(1))
+    return np.concatenate(out)
+
+  bert_null = span_log_p(bert, top, 0)
+  realm_null = span_log_p(realm, top, 0)
+  realm_gold = span_log_p(realm, gold, 1)
+  realm_marginal = span_log_p(realm, top, "marginal")
+  return [dict(sentence=examples["sentence"][i].decode(), answer=examples["answer"][i].decode(),
+               gold_block=builder.bodies_text[gold[i, 1]],
+               gold_in_top8=bool(gold[i, 1] in top[i, 1:]),
+               bert_null=float(np.exp(bert_null[i])), realm_null=float(np.exp(realm_null[i])),
+               realm_gold=float(np.exp(realm_gold[i])),
+               realm_marginal=float(np.exp(realm_marginal[i]))) for i in keep]
+
+
+TABLE3_COLUMNS = (("bert_null", "BERT stand-in, null block"),
+                  ("realm_null", "REALM reader, null block"),
+                  ("realm_gold", "REALM reader, given the block with the answer"),
+                  ("realm_marginal", "REALM, marginalized over its candidates"))
+
+
+# ---------------------------------------------------------------------------------- seed --
+def run_seed(out: str, results_dir: str, seed: int) -> str:
+  """Runs (or finishes) seed ``seed`` under ``out``; writes ``results_dir/seed<seed>.json``
+  and returns its path."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  config = settings()
+  fingerprints = {"code": code_fingerprint(), "config": config_fingerprint(config)}
+  start, stages = time.time(), {}
+
+  def lap(name, t0):
+    stages[name] = round((time.time() - t0) / 60, 2)
+    say(f"seed {seed}: {name} done in {stages[name]:.1f} min")
+    return time.time()
+
+  t = time.time()
+  data = prepare(out)
+  t = lap("data", t)
+  base = os.path.join(out, f"seed{seed}")
+  os.makedirs(base, exist_ok=True)
+  warm = warm_starts(base, data, seed)
+  t = lap("warm starts", t)
+  realm_dirs = pretrain(base, data, warm, seed)
+  t = lap("pre-training", t)
+  sources = dict(warm, **realm_dirs)
+  openqa = finetune(base, data, sources, seed)
+  t = lap("Open-QA", t)
+  zero_shot = {}
+  for retriever in dict.fromkeys(r for r, _ in ROWS.values()):
+    hits = zero_shot_by_question(data, sources[retriever])
+    zero_shot[retriever] = dict(split_by_coverage(hits, data), hits="".join(
+        "1" if h else "0" for h in hits))
+  t = lap("zero-shot by question", t)
+  table3 = table3_probabilities(data, realm_dirs["realm"], warm["bert"])
+  t = lap("Table 3", t)
+  curves = {name: model_dir_lib.read_summaries(realm_dirs[name], "validation")
+            for name in PLOTTED}
+  result = dict(
+      seed=seed, fingerprints=fingerprints, settings={k: v for k, v in config.items()
+                                                      if not k.startswith("yaml:")},
+      git_commit=git_commit(), minutes=round((time.time() - start) / 60, 1), stages=stages,
+      world=dict(num_blocks=data["num_blocks"], test_questions=data["num_test_questions"],
+                 held_out_sentences=data["num_held_out_sentences"],
+                 news_sentences=data["num_news_sentences"]),
+      openqa=openqa, zero_shot=zero_shot,
+      table3=dict(examples=table3[:FLAGS.table3_examples], count=len(table3),
+                  medians={k: float(np.median([r[k] for r in table3])) if table3 else None
+                           for k, _ in TABLE3_COLUMNS}),
+      curves=curves)
+  os.makedirs(results_dir, exist_ok=True)
+  path = os.path.join(results_dir, f"seed{seed}.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(result, f, indent=1, default=float)
+  os.replace(path + ".tmp", path)
+  say(f"seed {seed}: finished in {result['minutes']:.1f} min -> {path}")
+  return path
