@@ -144,3 +144,20 @@ def test_converted_bert_base_initializes_ict_towers_and_realm_reader(tmp_path):
       _by_suffix(model.reader, "transformer/layer_0/self_attention/query/kernel:0"),
       w["bert/encoder/layer_0/attention/self/query/kernel"].reshape(HIDDEN, HEADS, -1))
   assert model_dir_lib.latest_checkpoint(converted).endswith("ckpt-0")
+
+
+def test_the_news_overlays_read_documents_and_retrieve_from_the_encyclopedia():
+  """realm_pretrain_*_news: masked sentences from the news, blocks (Z) from the encyclopedia."""
+  paper = configs.load_experiment("realm_pretrain_paper", [
+      os.path.join(CONFIG_DIR, "realm_pretrain_paper__tpu.yaml"),
+      os.path.join(CONFIG_DIR, "realm_pretrain_paper__tpu_news.yaml")])
+  assert paper.task.train_data.input_path.endswith("ccnews/pretrain/train-*")
+  assert paper.task.train_data.blocks_dir.endswith("data/blocks")
+  assert paper.task.validation_data.blocks_dir == paper.task.train_data.blocks_dir
+  assert paper.task.model.num_candidates == 8 and paper.trainer.train_steps == 200000
+  cpu = configs.load_experiment("realm_pretrain_cpu", [
+      os.path.join(CONFIG_DIR, "realm_pretrain_cpu__demo.yaml"),
+      os.path.join(CONFIG_DIR, "realm_pretrain_cpu__demo_news.yaml")])
+  assert cpu.task.train_data.input_path == "news/pretrain/train-*"
+  assert cpu.task.train_data.blocks_dir == cpu.task.validation_data.blocks_dir == "data/blocks"
+  assert cpu.task.model.num_candidates == 16
