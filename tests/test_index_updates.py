@@ -232,3 +232,26 @@ def test_a_planted_pickle_is_never_unpickled(updated, tmp_path):
   with pytest.raises(errors.IndexFormatError, match=r"scann_docids\.pkl.*never.*rebuild"):
     mips_index.load_index(str(directory))
   assert not ran.exists()
+
+
+def test_a_planted_pickle_stops_the_index_handle_with_the_rebuild_message(tmp_path):
+  """A published index holding ``scann_docids.pkl`` is refused at once by ``IndexHandle`` (what
+  ``realm-serve`` and the trainer open) with the message naming the file and the rebuild, not
+  retried until "no index appeared ... start the refresher"."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  index_dir = str(tmp_path / "indexes")
+  with publish.lock(index_dir):
+    path = publish.publish(mips_index.ScannIndex.build(_clustered(600, 16,
+                                                                  np.random.default_rng(6))),
+                           index_dir, 1)
+  ran = tmp_path / "the_pickle_ran"
+  with open(os.path.join(path, "scann", "scann_docids.pkl"), "wb") as f:
+    pickle.dump(_Plant(str(ran)), f)
+  handle = handle_lib.IndexHandle(index_dir, expected_dim=16, wait_seconds=1.0,
+                                  poll_seconds=0.1)
+  with pytest.raises(errors.UnsafeIndexError, match=r"scann_docids\.pkl.*never.*rebuild"):
+    handle.wait_for_first()
+  handle.close()
+  assert not ran.exists()

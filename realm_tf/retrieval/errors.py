@@ -33,6 +33,11 @@ class IndexFormatError(RetrievalError):
   """An index directory that is incomplete or was written by something else."""
 
 
+class UnsafeIndexError(IndexFormatError):
+  """An index directory holding a file realm_tf refuses to open (a pickle, which would run the
+  code of whoever wrote it): never retried, the index must be rebuilt."""
+
+
 class CheckpointNotFoundError(RetrievalError, model_dir_lib.ModelDirError):
   """A model directory or checkpoint that does not exist."""
 

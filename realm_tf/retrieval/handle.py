@@ -38,8 +38,11 @@ from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 
-# Errors that mean "this index will never fit": raised to the caller, not retried.
-_FATAL = (errors.DimensionMismatchError, errors.FingerprintMismatchError)
+# Errors that mean "this index will never fit": raised to the caller, not retried (a refused
+# pickle too: its message names the file and the rebuild, where a retry would end in "no index
+# appeared").
+_FATAL = (errors.DimensionMismatchError, errors.FingerprintMismatchError,
+          errors.UnsafeIndexError)
 
 
 def block_tower_id(manifest: dict) -> Optional[str]:

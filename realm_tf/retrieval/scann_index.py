@@ -516,7 +516,7 @@ def _load_searcher(scann_dir: str):
   (see the module doc), never writes into the directory."""
   legacy = os.path.join(scann_dir, LEGACY_DOCIDS_NAME)
   if os.path.lexists(legacy):
-    raise errors.IndexFormatError(
+    raise errors.UnsafeIndexError(
         f"{legacy}: a pickle, which realm_tf never loads (unpickling a file runs the code of "
         "whoever could write it). ScaNN's wrapper saved the row ids so for indexes updated "
         f"before realm_tf stored them as {ROW_IDS_NAME}; rebuild the index (realm-index build, "
