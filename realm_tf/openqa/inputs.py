@@ -16,8 +16,9 @@ For each question, with the query embeddings of the *current* query tower:
    boundaries.
 
 The block text is split into wordpieces word by word (:class:`BlockText`), so each wordpiece
-knows its character span in the original text: a predicted span maps back to the block's own
-characters, not to detokenized wordpieces.
+knows its character span in the original text and its word: a predicted span maps back to the
+block's own characters, in whole words (``predict.answer_chars``), not to detokenized
+wordpieces.
 """
 
 import dataclasses
@@ -81,11 +82,13 @@ def basic_words(text: str) -> List[Tuple[int, int]]:
 
 @dataclasses.dataclass
 class BlockText:
-  """A block's text as the reader sees it: wordpiece ids, each with its character span."""
+  """A block's text as the reader sees it: wordpiece ids, each with its character span and
+  the word it is part of (the index of its basic word, :func:`basic_words`, in the text)."""
   text: str
   token_ids: np.ndarray     # int32 [n]
   char_starts: np.ndarray   # int32 [n]
   char_ends: np.ndarray     # int32 [n], exclusive
+  word_ids: np.ndarray      # int32 [n], non-decreasing
 
 
 def tokenize_with_offsets(tokenizer, texts: Sequence[str]) -> List[BlockText]:
@@ -103,11 +106,11 @@ def tokenize_with_offsets(tokenizer, texts: Sequence[str]) -> List[BlockText]:
   lengths = pieces.row_lengths().numpy() if flat else np.zeros([0], np.int64)
   out, w, pos = [], 0, 0
   for text, spans in zip(texts, words):
-    t_ids, starts, ends = [], [], []
-    for s, e in spans:
+    t_ids, starts, ends, word_ids = [], [], [], []
+    for word, (s, e) in enumerate(spans):
       n = int(lengths[w])
-      word_ids = ids[pos:pos + n]
-      strings = [tokenizer.vocab[i] for i in word_ids]
+      piece_ids = ids[pos:pos + n]
+      strings = [tokenizer.vocab[i] for i in piece_ids]
       widths = [len(p[2:] if p.startswith("##") else p) for p in strings]
       exact = "[UNK]" not in strings and sum(widths) == e - s
       cursor = s
@@ -115,11 +118,12 @@ def tokenize_with_offsets(tokenizer, texts: Sequence[str]) -> List[BlockText]:
         starts.append(cursor if exact else s)
         cursor += width
         ends.append(cursor if exact else e)
-      t_ids.extend(word_ids.tolist())
+      t_ids.extend(piece_ids.tolist())
+      word_ids.extend([word] * n)
       w += 1
       pos += n
     out.append(BlockText(text, np.array(t_ids, np.int32), np.array(starts, np.int32),
-                         np.array(ends, np.int32)))
+                         np.array(ends, np.int32), np.array(word_ids, np.int32)))
   return out
 
 

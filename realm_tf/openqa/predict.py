@@ -11,12 +11,14 @@ Example::
 
 The model and the index load once; ``answer`` takes a batch. The predicted answer is the best
 span over every span of every read block (span score plus the block's retriever score, as
-ORQA predicts), cut out of the block's own text by character offsets.
+ORQA predicts), cut out of the block's own text by character offsets, in whole words
+(:func:`answer_chars`: the one rule of every answering path, ``realm-answer``, ``realm-eval``,
+``realm-serve`` and the training task's validation).
 """
 
 import dataclasses
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -75,11 +77,38 @@ def predictions(outputs: Dict[str, tf.Tensor], features: Dict[str, tf.Tensor]):
               score=tf.reduce_max(tf.reshape(logits, [batch, -1]), -1))
 
 
-def span_text(block: inputs_lib.BlockText, start: int, end: int) -> str:
-  """The characters of the block text that wordpieces ``start..end`` cover."""
+def whole_words(block: inputs_lib.BlockText, start: int, end: int) -> Tuple[int, int]:
+  """The wordpiece span ``start..end`` of ``block`` (inclusive, inside the block) widened to
+  whole words: ``start`` back to the first wordpiece of its word, ``end`` on to the last of
+  its word, as DPR's reader widens its spans. A word is one of BERT's basic tokens
+  (``inputs.basic_words``: a whitespace-separated run, each punctuation mark a word of its
+  own), so a span that starts and ends on word edges is unchanged: "McManus" stays "McManus"
+  in "McManus' 33-yard", while "Tre" (``tre``) of "Trevathan" (``tre ##vat ##han``) becomes
+  "Trevathan"."""
+  words = block.word_ids
+  return (int(np.searchsorted(words, words[start], side="left")),
+          int(np.searchsorted(words, words[end], side="right")) - 1)
+
+
+def answer_chars(block: inputs_lib.BlockText, start: int, end: int) -> Tuple[int, int]:
+  """The characters ``[char_start, char_end)`` of the block text that answer the predicted
+  wordpieces ``start..end``: those of the whole words they are part of (:func:`whole_words`);
+  ``(0, 0)`` when the span is not inside the block text (no answer).
+
+  The answer never starts or ends inside a word (a span ending at ``e`` of "engraver" reads
+  "engraver", never "e"). ORQA's predicted answer does not either: it joins the whole
+  whitespace-separated words of the span (``get_predictions``' ``orig_tokens``)."""
   if not len(block.token_ids) or start < 0 or end >= len(block.token_ids) or end < start:
-    return ""
-  return block.text[int(block.char_starts[start]):int(block.char_ends[end])]
+    return 0, 0
+  start, end = whole_words(block, start, end)
+  return int(block.char_starts[start]), int(block.char_ends[end])
+
+
+def span_text(block: inputs_lib.BlockText, start: int, end: int) -> str:
+  """The answer that wordpieces ``start..end`` of the block text predict, in whole words
+  (:func:`answer_chars`); "" for no answer."""
+  char_start, char_end = answer_chars(block, start, end)
+  return block.text[char_start:char_end]
 
 
 def best_checkpoint(model_dir: str) -> str:
@@ -163,11 +192,10 @@ class OpenQA:
     for i, q in enumerate(questions):
       rank, s, e = int(best["block"][i]), int(best["start"][i]), int(best["end"][i])
       block = blocks[i][rank]
-      text = span_text(block, s, e)
-      char_start = int(block.char_starts[s]) if text else 0
+      char_start, char_end = answer_chars(block, s, e)
       results.append(dict(
-          question=q, answer=text, score=float(best["score"][i]), block_rank=rank,
-          start=char_start, end=char_start + len(text), beam_ids=features["beam_ids"][i],
+          question=q, answer=block.text[char_start:char_end], score=float(best["score"][i]),
+          block_rank=rank, start=char_start, end=char_end, beam_ids=features["beam_ids"][i],
           retriever_logits=retriever_logits[i],
           retriever_correct=features["retriever_correct"][i].astype(bool),
           span_match=self._span_match(features, i, rank, s, e), blocks=blocks[i]))

@@ -17,7 +17,8 @@ Admission is bounded (``max_in_flight``): beyond it ``submit`` raises :class:`Ov
 (HTTP 429); the app answers 503 to a question that waited longer than ``timeout_seconds``.
 
 Each answer comes with its alternatives: the best span of each block read, best first (the
-first is ``OpenQA.answer``'s answer: ORQA's best span over every span of every read block).
+first is ``OpenQA.answer``'s answer: ORQA's best span over every span of every read block), each
+in whole words by ``OpenQA``'s rule (``predict.answer_chars``).
 """
 
 import concurrent.futures
@@ -290,19 +291,19 @@ class QAService:
         s = int(starts[i, rank, span] - offsets[i, rank])
         e = int(ends[i, rank, span] - offsets[i, rank])
         block = blocks[i][rank]
-        text = predict.span_text(block, s, e)
-        if text:
-          candidates.append((float(logits[i, rank, span]), rank, s, e, text))
+        char_start, char_end = predict.answer_chars(block, s, e)   # In whole words.
+        if char_end > char_start:
+          candidates.append((float(logits[i, rank, span]), rank, char_start, char_end))
       candidates.sort(key=lambda c: (-c[0], c[1]))  # Ties: the better retrieved block.
       answers = []
-      for score, rank, s, e, text in candidates[:top_k]:
+      for score, rank, char_start, char_end in candidates[:top_k]:
         block_id = int(features["beam_ids"][i, rank])
         block = blocks[i][rank]
         title = builder.titles[block_id]
-        char_start = int(block.char_starts[s])
         uid = features_lib.block_uid(title, block.text)
         answers.append({
-            "answer": text, "score": score, "start": char_start, "end": char_start + len(text),
+            "answer": block.text[char_start:char_end], "score": score, "start": char_start,
+            "end": char_end,
             "evidence": {"block_id": block_id, "uid": uid, "title": title, "text": block.text,
                          "rank": rank, "retrieval_score": float(retrieval[i, rank])}})
       results.append({
