@@ -27,6 +27,36 @@ def _index(step, n=40, d=8):
       np.random.default_rng(step).standard_normal((n, d)).astype(np.float32))
 
 
+# A flock that refuses what NFS may refuse: a descriptor not opened for writing (NFS emulates
+# flock with fcntl locks, whose exclusive kind needs a file opened for writing) or one that is
+# not a regular file (a directory). As source, for the second process of the lock test.
+_STRICT_FLOCK = """
+import errno, fcntl, os, stat
+_real_flock = fcntl.flock
+def _strict(fd, operation, _real=_real_flock):
+  mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+  if mode not in (os.O_WRONLY, os.O_RDWR) or not stat.S_ISREG(os.fstat(fd).st_mode):
+    raise OSError(errno.EBADF, "flock refused: not a regular file opened for writing")
+  return _real(fd, operation)
+fcntl.flock = _strict
+"""
+
+
+def _strict_flock(locked):
+  """``_STRICT_FLOCK``'s flock, which also appends the path of each file it locks to
+  ``locked``."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  scope = {}
+  exec(_STRICT_FLOCK.replace("fcntl.flock = _strict\n", ""), scope)  # pylint: disable=exec-used
+  strict = scope["_strict"]
+
+  def flock(fd, operation, _real=fcntl.flock):
+    result = strict(fd, operation, _real=_real)
+    locked.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return result
+  return flock
+
+
 class PublishTest(tf.test.TestCase):
 
   def setUp(self):
@@ -105,26 +135,71 @@ class PublishTest(tf.test.TestCase):
     self.assertEqual(publish.publication_key(path)[0], 2)  # PUBLICATION remembers 1.
 
   def test_the_lock_excludes_another_process(self):
-    """``lock`` is a flock on ``index_dir/.lock`` opened for writing: a second process waits
-    for it (and gets it once the first lets go)."""
-    script = ("import sys, time\n"
+    """``lock`` is a flock on ``index_dir/LOCK``, a regular file opened for writing: a second
+    process waits for it (and gets it once the first lets go). Both processes run with a
+    ``flock`` that refuses a descriptor not opened for writing or not a regular file, as NFS
+    can (it emulates ``flock`` with ``fcntl`` write locks)."""
+    script = (_STRICT_FLOCK +
+              "import sys, time\n"
               "from realm_tf.retrieval import publish\n"
               "print('waiting', flush=True)\n"
               "with publish.lock(sys.argv[1]):\n"
               "  print(f'{time.time():.6f}', flush=True)\n")
-    with publish.lock(self.dir):
-      self.assertTrue(os.path.isfile(os.path.join(self.dir, publish.LOCK_NAME)))
-      proc = subprocess.Popen([sys.executable, "-c", script, self.dir],
-                              stdout=subprocess.PIPE, text=True, env=dict(
-                                  os.environ, PYTHONPATH=os.path.dirname(
-                                      os.path.dirname(os.path.abspath(__file__)))))
-      self.assertEqual(proc.stdout.readline().strip(), "waiting")  # Imported: now it waits.
-      time.sleep(1.0)
-      self.assertIsNone(proc.poll())
-      released = time.time()
+    locked = []
+    with mock.patch("fcntl.flock", _strict_flock(locked)):
+      with publish.lock(self.dir):
+        self.assertEqual(locked, [os.path.join(os.path.realpath(self.dir), publish.LOCK_NAME)])
+        proc = subprocess.Popen([sys.executable, "-c", script, self.dir],
+                                stdout=subprocess.PIPE, text=True, env=dict(
+                                    os.environ, PYTHONPATH=os.path.dirname(
+                                        os.path.dirname(os.path.abspath(__file__)))))
+        self.assertEqual(proc.stdout.readline().strip(), "waiting")  # Imported: now it waits.
+        time.sleep(1.0)
+        self.assertIsNone(proc.poll())
+        released = time.time()
     out, _ = proc.communicate(timeout=120)
     self.assertEqual(proc.returncode, 0)
     self.assertGreaterEqual(float(out.strip()), released)
+
+  def test_every_lock_is_a_file_opened_for_writing(self):
+    """Every lock of the index directory, the blocks directory (corpus updates) and the block
+    store goes through ``corpus_updates.file_lock``: each is refused by nothing under a
+    ``flock`` that refuses what NFS may (a descriptor opened read-only, a directory), and
+    ``flock`` is called nowhere else in the code."""
+    from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
+    from realm_tf.data import corpus_updates  # pylint: disable=g-import-not-at-top
+    blocks_dir = os.path.join(self.dir, "blocks")
+    os.makedirs(blocks_dir)
+    locked = []
+    strict = _strict_flock(locked)
+    with mock.patch("fcntl.flock", strict):
+      with publish.lock(self.dir):
+        pass
+      with corpus_updates.lock(blocks_dir):
+        pass
+      with block_store._store_lock(blocks_dir):  # pylint: disable=protected-access
+        pass
+      # What the lock of issue 31 replaced, refused here as NFS may refuse it.
+      fd = os.open(self.dir, os.O_RDONLY)
+      try:
+        with self.assertRaises(OSError):
+          strict(fd, __import__("fcntl").LOCK_EX)
+      finally:
+        os.close(fd)
+    real = lambda p: os.path.realpath(p)
+    self.assertEqual(locked, [os.path.join(real(self.dir), publish.LOCK_NAME),
+                              os.path.join(real(blocks_dir), corpus_updates.LOCK_NAME),
+                              os.path.join(real(blocks_dir), block_store.LOCK_NAME)])
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    callers = []
+    for top in ("realm_tf", "data_prep", "experiments"):
+      for root, _, files in os.walk(os.path.join(repo, top)):
+        for name in files:
+          if name.endswith(".py"):
+            with open(os.path.join(root, name)) as f:
+              if any(w in f.read() for w in ("flock(", "lockf(", "F_SETLK")):
+                callers.append(os.path.relpath(os.path.join(root, name), repo))
+    self.assertEqual(callers, [os.path.join("realm_tf", "data", "corpus_updates.py")])
 
   def test_leftovers_are_cleaned_and_never_loaded(self):
     publish.publish(_index(1), self.dir, 100)
