@@ -201,6 +201,29 @@ class PublishTest(tf.test.TestCase):
                 callers.append(os.path.relpath(os.path.join(root, name), repo))
     self.assertEqual(callers, [os.path.join("realm_tf", "data", "corpus_updates.py")])
 
+  def test_latest_and_the_counter_are_replaced_and_synced_alike(self):
+    """``LATEST`` and ``PUBLICATION`` are each written to a temporary file, synced, renamed
+    over the old one, and the rename synced (the directory) before anything else happens."""
+    events = []
+    real_replace, real_sync = os.replace, publish._fsync_dir  # pylint: disable=protected-access
+
+    def replace(src, dst):
+      if os.path.dirname(dst) == self.dir:  # Not the index's own files.
+        events.append(("replace", os.path.basename(dst)))
+      return real_replace(src, dst)
+
+    def sync(path):
+      events.append(("sync", path))
+      return real_sync(path)
+
+    with mock.patch.object(publish.os, "replace", replace), \
+        mock.patch.object(publish, "_fsync_dir", sync):
+      publish.publish(_index(1), self.dir, 100)
+    replaced = [i for i, e in enumerate(events) if e[0] == "replace"]
+    self.assertEqual([events[i][1] for i in replaced], ["PUBLICATION", "LATEST"])
+    for i in replaced:
+      self.assertEqual(events[i + 1], ("sync", self.dir), events)
+
   def test_leftovers_are_cleaned_and_never_loaded(self):
     publish.publish(_index(1), self.dir, 100)
     dead = os.path.join(self.dir, ".tmp-step-200-999999999")  # A builder killed mid-write.

@@ -214,23 +214,26 @@ def clean_temporaries(index_dir: str) -> List[str]:
   return removed
 
 
-def _write_latest(index_dir: str, name: str) -> None:
-  tmp = os.path.join(index_dir, f".{LATEST_NAME}.tmp-{os.getpid()}")
+def _write_atomically(index_dir: str, name: str, text: str, tmp_name: str) -> None:
+  """Replaces ``index_dir/name`` with ``text`` at once: written to ``tmp_name`` (a name that
+  ``clean_temporaries`` removes if the writer dies), synced, renamed over it, and the rename
+  synced too (the directory), so that a crash leaves the old file or the new, never less."""
+  tmp = os.path.join(index_dir, tmp_name)
   with open(tmp, "w") as f:
-    f.write(name + "\n")
+    f.write(text)
     f.flush()
     os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(index_dir, LATEST_NAME))
+  os.replace(tmp, os.path.join(index_dir, name))
   _fsync_dir(index_dir)
 
 
+def _write_latest(index_dir: str, name: str) -> None:
+  _write_atomically(index_dir, LATEST_NAME, name + "\n", f".{LATEST_NAME}.tmp-{os.getpid()}")
+
+
 def _write_counter(index_dir: str, number: int) -> None:
-  tmp = os.path.join(index_dir, f"{TMP_PREFIX}{PUBLICATION_NAME.lower()}-{os.getpid()}")
-  with open(tmp, "w") as f:
-    f.write(f"{int(number)}\n")
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(index_dir, PUBLICATION_NAME))
+  _write_atomically(index_dir, PUBLICATION_NAME, f"{int(number)}\n",
+                    f"{TMP_PREFIX}{PUBLICATION_NAME.lower()}-{os.getpid()}")
 
 
 def _fsync_dir(path: str) -> None:
