@@ -39,13 +39,13 @@ from data_prep import beam_utils
 from data_prep import cli
 from data_prep import text as text_lib
 from data_prep import wiki
-# The per-article functions (no Beam in them, so that realm-index upsert cuts documents the same
-# way without importing Beam), here under their old names too.
-from data_prep.articles import (MIN_BODY_BUDGET, article_to_blocks,  # pylint: disable=unused-import
-                                articles_to_blocks, cut_long_span, pack_units,
-                                parse_jsonl_article)
 from realm_tf.data import features
 from realm_tf.data import manifests
+# The per-article functions are the library's (realm-index upsert cuts documents by the same
+# rules, and realm_tf never imports data_prep), here under their old names too.
+from realm_tf.data.articles import (  # pylint: disable=unused-import
+    MIN_BODY_BUDGET, article_to_blocks, articles_to_blocks, cut_long_span, pack_units,
+    parse_jsonl_article)
 
 
 class CorpusInputError(manifests.DataError):

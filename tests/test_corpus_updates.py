@@ -145,9 +145,9 @@ def test_interrupted_append_and_tampered_update(corpus):
 
 
 def test_documents_cut_in_one_batch_as_one_by_one(corpus):
-  """``data_prep.articles.articles_to_blocks`` (what updates call: two tokenizer calls in all)
-  gives each article the blocks ``article_to_blocks`` gives it alone."""
-  from data_prep import articles as blocks_pipeline  # pylint: disable=g-import-not-at-top
+  """``realm_tf.data.articles.articles_to_blocks`` (what updates call: two tokenizer calls in
+  all) gives each article the blocks ``article_to_blocks`` gives it alone."""
+  from realm_tf.data import articles as blocks_pipeline  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   articles = [(f"the river {i}", " ".join(
       " ".join(rng.choice(testing.WORDS, int(rng.integers(3, 25)))) + "." for _ in range(n)))

@@ -22,7 +22,7 @@ without a single valid record, is an error.
 :func:`resolve_dataset` maps ``nq``, ``wq`` or ``ct`` to ``<qa_dir>/<name>-<split>.jsonl``
 (the files ``data_prep.open_qa`` writes) and its answer type.
 
-This module never imports ``data_prep``.
+Nothing here comes from ``data_prep`` (the library never depends on it).
 """
 
 import json

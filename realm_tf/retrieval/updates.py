@@ -13,7 +13,7 @@ In Python (``realm-serve``'s ``POST /documents`` and ``DELETE /documents/{uid}``
 An update holds the index directory's lock, then the blocks directory's, and
 
 1. plans against the corpus's current version (its block store): a document becomes blocks by
-   the blocks pipeline's rules (``data_prep.articles``; the corpus's vocabulary and block
+   the blocks pipeline's rules (``realm_tf.data.articles``; the corpus's vocabulary and block
    length); ready blocks (``--new_blocks_dir``) are refused unless their manifest names the
    corpus's vocabulary, casing and block length (their token ids are used as they are); a
    document whose title has live blocks replaces them (they are deleted), unless it is
@@ -43,6 +43,7 @@ from typing import Dict, List, Optional, Sequence
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tokenization
+from realm_tf.data import articles
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import features
@@ -95,7 +96,6 @@ class UpdateResult:
 def read_documents(path: str) -> List[Document]:
   """The ``{"title", "text"}`` lines of a JSON-lines file (``data_prep.blocks``' input format);
   a line that is not one is an error naming it."""
-  from data_prep import articles  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
     raise manifests.MissingDataError(f"documents file not found: {path}")
   documents = []
@@ -298,13 +298,12 @@ def _document_blocks(documents: Sequence[Document], corpus: Dict,
   casing and block length (the model's where the corpus does not name them)."""
   if not documents:
     return {}
-  from data_prep import articles  # pylint: disable=g-import-not-at-top
   vocab = _corpus_vocab(corpus, config)
   tokenizer = _tokenizer(vocab, bool(corpus.get("lower_case", config.lower_case)))
   length = int(corpus.get("block_seq_length") or config.retriever.block_seq_length)
   try:  # Two tokenizer calls for all the documents.
     cut = articles.articles_to_blocks([(d.title, d.text) for d in documents], tokenizer,
-                                             length)
+                                      length)
   except ValueError as e:
     raise errors.IndexUpdateError(f"a document cannot be indexed: {e}") from None
   out = {}

@@ -1,8 +1,10 @@
-"""Articles -> blocks, the per-article rules of the blocks pipeline (``data_prep.blocks``).
+"""Articles -> blocks: the per-article rules of the blocks pipeline (``python -m
+data_prep.blocks``) and of ``realm-index upsert`` (``realm_tf/retrieval/updates.py``), one code
+for both.
 
-No Beam here: ``realm-index upsert`` (``realm_tf/retrieval/updates.py``) cuts documents into
-blocks by exactly these rules without importing the pipeline. The text is split into sentences
-(``data_prep.text``), and whole sentences are packed greedily into blocks of at most
+They live in the library so that it never depends on the data-prep package (which imports
+these; the reverse never happens). No Beam here. The text is split into sentences
+(``realm_tf.data.sentences``), and whole sentences are packed greedily into blocks of at most
 ``block_seq_length`` wordpieces counting ``[CLS] title [SEP] body [SEP]``; a sentence longer
 than a block is cut between words (between characters for a monstrous word), never dropped.
 """
@@ -11,7 +13,7 @@ import json
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from data_prep import text as text_lib
+from realm_tf.data import sentences as sentences_lib
 
 _WORD = re.compile(r"\S+")
 MIN_BODY_BUDGET = 16
@@ -104,7 +106,7 @@ def articles_to_blocks(articles: Sequence[Tuple[str, str]], tokenizer,
   """:func:`article_to_blocks` of each ``(title, text)``, with two tokenizer calls for the
   whole batch (titles and sentences, then the blocks' bodies) instead of two per article."""
   if sentences is None:
-    sentences = [text_lib.sentence_spans(text) for _, text in articles]
+    sentences = [sentences_lib.sentence_spans(text) for _, text in articles]
   flat = [piece for (title, text), spans in zip(articles, sentences) if spans
           for piece in [title] + [text[s:e] for s, e in spans]]
   pieces = tokenizer.tokenize(flat) if flat else None
