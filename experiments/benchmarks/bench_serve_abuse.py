@@ -246,6 +246,47 @@ def check_updates(clients: _Clients, index: str, blocks: str, before: int,
   return problems
 
 
+def report(alone: _Clients, alone_seconds: float, clients: _Clients, seconds: float,
+           before: int, status: int, health, memory, problems: list) -> list:
+  """Prints the requests and statuses of each client, the updates and the server's peak memory
+  (``memory``: MiB at start, warm, after the chunked bodies alone, at the end); returns
+  ``problems`` and those found here. ``status``, ``health``: the last ``/healthz``'s answer
+  (its JSON, or None), reported as it came when it is not a 200."""
+  everything = collections.Counter(alone.statuses["chunked"])
+  print(f"\nrealm-serve, {FLAGS.num_blocks} blocks, 127.0.0.1; chunked bodies of "
+        f"{FLAGS.chunked_mib} MiB against its 1 MiB limit")
+  print(f"alone: {alone.sent['chunked']} chunked requests in {alone_seconds:.1f} s: "
+        f"{dict(sorted(alone.statuses['chunked'].items()))}")
+  print(f"together: {sum(clients.sent.values())} requests in {seconds:.1f} s (bounds: "
+        f"{FLAGS.requests} requests, {FLAGS.max_seconds:.0f} s)")
+  print("| client | requests | statuses |")
+  print("|---|---:|---|")
+  for client in KINDS:
+    counts = clients.statuses[client]
+    everything.update(counts)
+    print(f"| {client} | {sum(counts.values())} | "
+          f"{', '.join(f'{s}: {n}' for s, n in sorted(counts.items()))} |")
+  for (client, code), message in sorted(clients.messages.items()):
+    print(f"  {client} {code}: {message}")
+  if status == 200 and isinstance(health, dict) and "num_blocks" in health:
+    served = f"served blocks {before} -> {health['num_blocks']}"
+  else:  # The server did not say: no block count to report, and a failure.
+    served = f"served blocks unknown (/healthz answered {status}: {health!r})"
+    if not any("/healthz" in p for p in problems):
+      problems = problems + [f"/healthz answered {status} after the run"]
+  print(f"accepted updates: {len(clients.accepted)} (every one visible: "
+        f"{'yes' if not problems else 'NO'}); {served}")
+  print("server peak RSS (VmHWM): {:.0f} MiB started, {:.0f} MiB warm, {:.0f} MiB after the "
+        "chunked bodies alone, {:.0f} MiB at the end".format(*memory))
+  if everything[500] or everything[-1]:
+    problems = problems + [f"{everything[500]} answered 500, {everything[-1]} broken "
+                           "connections"]
+  for problem in problems:
+    print(f"FAILED: {problem}")
+  print("OK: no 500, no broken connection, no lost update" if not problems else "")
+  return problems
+
+
 def main(argv):
   del argv
   root = tempfile.mkdtemp(prefix="bench_serve_abuse_")
@@ -276,31 +317,8 @@ def main(argv):
       problems = [] if status == 200 else [f"/healthz answered {status} after the run"]
       if status == 200:
         problems += check_updates(clients, index, blocks, before, health)
-    everything = collections.Counter(alone.statuses["chunked"])
-    print(f"\nrealm-serve, {FLAGS.num_blocks} blocks, 127.0.0.1; chunked bodies of "
-          f"{FLAGS.chunked_mib} MiB against its 1 MiB limit")
-    print(f"alone: {alone.sent['chunked']} chunked requests in {alone_seconds:.1f} s: "
-          f"{dict(sorted(alone.statuses['chunked'].items()))}")
-    print(f"together: {sum(clients.sent.values())} requests in {seconds:.1f} s (bounds: "
-          f"{FLAGS.requests} requests, {FLAGS.max_seconds:.0f} s)")
-    print("| client | requests | statuses |")
-    print("|---|---:|---|")
-    for client in KINDS:
-      counts = clients.statuses[client]
-      everything.update(counts)
-      print(f"| {client} | {sum(counts.values())} | "
-            f"{', '.join(f'{s}: {n}' for s, n in sorted(counts.items()))} |")
-    for (client, status), message in sorted(clients.messages.items()):
-      print(f"  {client} {status}: {message}")
-    print(f"accepted updates: {len(clients.accepted)} (every one visible: "
-          f"{'yes' if not problems else 'NO'}); served blocks {before} -> {health['num_blocks']}")
-    print(f"server peak RSS (VmHWM): {started:.0f} MiB started, {warm:.0f} MiB warm, "
-          f"{after_chunked:.0f} MiB after the chunked bodies alone, {peak:.0f} MiB at the end")
-    if everything[500] or everything[-1]:
-      problems.append(f"{everything[500]} answered 500, {everything[-1]} broken connections")
-    for problem in problems:
-      print(f"FAILED: {problem}")
-    print("OK: no 500, no broken connection, no lost update" if not problems else "")
+    problems = report(alone, alone_seconds, clients, seconds, before, status, health,
+                      (started, warm, after_chunked, peak), problems)
   finally:
     shutil.rmtree(root, ignore_errors=True)
   if problems:
