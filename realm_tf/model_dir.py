@@ -4,12 +4,15 @@ A model directory holds:
 
 * ``model_config.yaml``: the ``RealmModelConfig`` (its ``vocab_file`` is ``vocab.txt``);
 * ``vocab.txt``: the WordPiece vocabulary the towers were trained with;
+* ``block_tower.json`` (a fine-tuned Open-QA model): the block tower its query tower was
+  fine-tuned against (:func:`write_block_tower`), which ``realm-serve`` pins;
 * TF2 checkpoints ``ckpt-<step>`` of a ``tf.train.Checkpoint`` whose top-level items are
   ``query_embedder``, ``block_embedder`` (the same object when embedders are shared),
   ``reader`` and, for trainers, ``optimizer`` and ``global_step``. Any item may be absent;
   readers restore only the items they need.
 """
 
+import json
 import os
 from typing import Dict, List, Optional, Tuple
 
@@ -23,6 +26,7 @@ from realm_tf import tokenization
 CONFIG_NAME = "model_config.yaml"
 VOCAB_NAME = "vocab.txt"
 TRAINING_DONE = "TRAINING_DONE"
+BLOCK_TOWER_NAME = "block_tower.json"
 
 
 class ModelDirError(errors.RealmError, ValueError):
@@ -117,6 +121,38 @@ def training_done(model_dir: str) -> bool:
 def mark_training_done(model_dir: str, step: Optional[int] = None) -> None:
   with tf.io.gfile.GFile(os.path.join(model_dir, TRAINING_DONE), "w") as f:
     f.write(f"{step if step is not None else ''}\n")
+
+
+def write_block_tower(model_dir: str, record: Dict) -> None:
+  """Writes ``model_dir/block_tower.json``: which block tower embedded the index the model's
+  query tower was fine-tuned against. ``record``: ``{"fingerprint": <the index's
+  retrieval.handle.block_tower_id>, "index": <its directory's name>}``, or ``{"own": True}``
+  for a model that trains its own block tower (an index of the served checkpoint's tower is
+  the right one)."""
+  tf.io.gfile.makedirs(model_dir)
+  path = os.path.join(model_dir, BLOCK_TOWER_NAME)
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+    f.write(json.dumps(record, indent=1, sort_keys=True) + "\n")
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
+def read_block_tower(model_dir: str) -> Optional[Dict]:
+  """``model_dir/block_tower.json`` (:func:`write_block_tower`), or None for a model directory
+  that has none (not fine-tuned for Open-QA, or before it was recorded); ModelDirError when it
+  cannot be read."""
+  path = os.path.join(model_dir, BLOCK_TOWER_NAME)
+  if not tf.io.gfile.exists(path):
+    return None
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      record = json.loads(f.read())
+  except (ValueError, tf.errors.OpError) as e:
+    raise ModelDirError(f"cannot read {path} ({e}): delete it to serve the model with the "
+                        "block tower of the index it starts with") from None
+  if not isinstance(record, dict) or not (record.get("own") or record.get("fingerprint")):
+    raise ModelDirError(f"{path} names no block tower: delete it to serve the model with the "
+                        "block tower of the index it starts with")
+  return record
 
 
 def read_summaries(model_dir: str, subdir: str = "train") -> Dict[str, List[Tuple[int, float]]]:

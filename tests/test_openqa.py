@@ -678,3 +678,42 @@ def test_bad_inputs(trained, tmp_path):
   assert "another corpus" in str(e.value)
   with pytest.raises(errors.IndexNotReadyError, match="realm-index build"):
     host.open_index(str(tmp_path / "no_index"))
+
+
+def test_the_server_pins_the_block_tower_the_model_was_fine_tuned_against(trained, tmp_path):
+  """Fine-tuning records the block tower of its index in the model directory; ``realm-serve``
+  over that model refuses to start on an index directory whose ``LATEST`` is another tower's
+  (a clear error naming the fix), starts on one of the recorded tower, and never swaps in an
+  index of another tower published later."""
+  from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  from realm_tf.serving import service as service_lib  # pylint: disable=g-import-not-at-top
+  t = trained
+  path = publish.read_latest(t["index_dir"])
+  manifest = mips_index.read_manifest(path)
+  tower = handle_lib.block_tower_id(manifest)
+  assert tower and tower == manifest["block_tower"]["fingerprint"]
+  assert model_dir_lib.read_block_tower(t["model_dir"]) == {
+      "fingerprint": tower, "index": os.path.basename(path)}
+  index = mips_index.load_index(path)
+  other = dict(manifest, block_tower=dict(manifest["block_tower"], fingerprint="0" * 40))
+  index_dir = str(tmp_path / "served")
+  with publish.lock(index_dir):
+    publish.publish(index, index_dir, 10, other)
+  with pytest.raises(errors.BlockTowerMismatchError, match="0000000000") as e:
+    service_lib.QAService(t["model_dir"], index_dir, reader_beam_size=2)
+  for words in (tower, index_dir, model_dir_lib.BLOCK_TOWER_NAME, "realm-index build"):
+    assert words in str(e.value), str(e.value)
+  with publish.lock(index_dir):
+    right = publish.publish(index, index_dir, 11, manifest)
+  service = service_lib.QAService(t["model_dir"], index_dir, reader_beam_size=2,
+                                  poll_seconds=3600)
+  try:
+    assert service.health()["index"] == os.path.basename(right)
+    with publish.lock(index_dir):
+      publish.publish(index, index_dir, 12, other)
+    assert service._load_newer() is None  # pylint: disable=protected-access
+    service._swap()  # pylint: disable=protected-access
+    assert service.health()["index"] == os.path.basename(right)
+  finally:
+    service.close()

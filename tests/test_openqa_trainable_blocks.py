@@ -131,8 +131,9 @@ def test_model_embeds_the_top_of_the_beam_with_the_block_tower(corpus):
 def test_finetuning_with_the_refresher_beside(openqa_world, tmp_path):
   """trainable_blocks end to end: the fine-tuner starts on the refresher's index of ckpt-0,
   trains its block tower, and the refresher's last index embeds the corpus with the final
-  block tower; a missing blocks_dir or block-tower source is refused by name. (conftest's
-  Open-QA world: its blocks and its REALM model of random towers.)"""
+  block tower, the one realm-serve pins for the final checkpoint; a missing blocks_dir or
+  block-tower source is refused by name. (conftest's Open-QA world: its blocks and its REALM
+  model of random towers.)"""
   files, blocks_dir = openqa_world["files"], openqa_world["blocks_dir"]
   realm_dir = openqa_world["realm_dir"]
   size = len(load_vocab(files["vocab"]))
@@ -200,6 +201,13 @@ def test_finetuning_with_the_refresher_beside(openqa_world, tmp_path):
   latest = handle_lib.IndexHandle(index_dir, watch=False)
   np.testing.assert_allclose(latest.embeddings()[ids], emb, rtol=1e-4, atol=1e-5)
   latest.close()
+  # What realm-serve pins for this model: its own block tower, as the model directory records;
+  # for the final checkpoint, the tower of the refresher's last index.
+  from realm_tf.serving import service as service_lib  # pylint: disable=g-import-not-at-top
+  assert model_dir_lib.read_block_tower(model_dir) == {"own": True}
+  assert service_lib.pinned_block_tower(
+      model_dir, model_dir_lib.latest_checkpoint(model_dir), {}) == handle_lib.block_tower_id(
+          latest.manifest) == latest.manifest["block_tower"]["fingerprint"]
 
   # No block tower to start from.
   with pytest.raises(configs.ConfigError, match="init_checkpoint"):

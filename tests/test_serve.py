@@ -372,3 +372,69 @@ def test_an_index_of_another_block_tower_is_never_swapped_in(world):
   status, got = request(world["url"] + "/answer", {"question": question, "top_k": 1})
   assert status == 200 and got["index"] == os.path.basename(right)
   assert (got["index_step"], got["index_update"]) == (step + 1, 0)
+
+
+def test_no_update_on_top_of_an_index_of_another_block_tower(world, tmp_path):
+  """``LATEST`` names an index of another block tower (another model's, complete: an update
+  could restore its tower): ``POST /documents`` answers 409 at once and says why, nothing is
+  published, and the server keeps answering with its index."""
+  served = request(world["url"] + "/healthz")[1]["index"]
+  right = publish.read_latest(world["index"])
+  assert os.path.basename(right) == served
+  other_model, built = str(tmp_path / "other_model"), str(tmp_path / "other_index")
+  testing.make_openqa_model(other_model, str(world["root"] / "vocab.txt"), seed=1)
+  refresher.build_index_for_checkpoint(None, other_model, world["blocks"], built,
+                                       refresher.BuildOptions(
+                                           index_type="brute_force", recall_queries=0,
+                                           progress=False, tensorboard_dir=""))
+  other = publish.read_latest(built)
+  with publish.lock(world["index"]):
+    wrong = publish.publish(mips_index.load_index(other), world["index"], 1000,
+                            mips_index.read_manifest(other), keep=10)
+  assert publish.read_latest(world["index"]) == wrong
+  before = publish.publications(world["index"])
+  start = time.time()
+  status, got = request(world["url"] + "/documents", {"documents": [
+      {"title": "Refused", "text": "A document for an index that is not served."}]},
+                        token=TOKEN)
+  assert status == 409 and "another block tower" in got["error"], got
+  assert served in got["error"] and world["index"] not in got["error"], got
+  assert time.time() - start < 20  # Not the service's timeout (30 s).
+  assert publish.publications(world["index"]) == before
+  assert request(world["url"] + "/healthz")[1]["index"] == served
+  # An index of the served tower published again: updates go on.
+  with publish.lock(world["index"]):
+    again = publish.publish(mips_index.load_index(right), world["index"], 1001,
+                            mips_index.read_manifest(right), keep=10)
+  deadline = time.time() + 60
+  while request(world["url"] + "/healthz")[1]["index"] != os.path.basename(again):
+    assert time.time() < deadline, "the index of the right tower was not swapped in"
+    time.sleep(0.1)
+
+
+@pytest.mark.parametrize("error", [errors.IndexNotReadyError("LATEST went away"),
+                                   OSError("no space left on device")],
+                         ids=["IndexNotReadyError", "OSError"])
+def test_an_update_published_but_not_served_says_it_was_published(world, monkeypatch, error):
+  """The update is published, then loading it fails: the client is told that it was
+  published, as what, and not to send it again (503), not "no index is published yet" or an
+  internal error; the server serves it once it can load it."""
+  service = world["service"]
+
+  def failing():
+    raise error
+
+  monkeypatch.setattr(service, "_load_newer", failing)
+  status, got = request(world["url"] + "/documents", {"documents": [
+      {"title": "Late " + ("disk" if isinstance(error, OSError) else "load"),
+       "text": "Published while loading failed."}]},
+                        token=TOKEN)
+  latest = os.path.basename(publish.read_latest(world["index"]))
+  assert status == 503, got
+  assert f"the update was published as {latest}" in got["error"], got
+  assert "do not send the update again" in got["error"], got
+  monkeypatch.undo()
+  deadline = time.time() + 60
+  while request(world["url"] + "/healthz")[1]["index"] != latest:
+    assert time.time() < deadline, "the published update was never served"
+    time.sleep(0.1)

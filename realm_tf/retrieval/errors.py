@@ -38,6 +38,11 @@ class UnsafeIndexError(IndexFormatError):
   code of whoever wrote it): never retried, the index must be rebuilt."""
 
 
+class BlockTowerMismatchError(RetrievalError):
+  """An index whose blocks were embedded by another block tower than the one the model was
+  fine-tuned against."""
+
+
 class CheckpointNotFoundError(RetrievalError, model_dir_lib.ModelDirError):
   """A model directory or checkpoint that does not exist."""
 

@@ -59,17 +59,19 @@ class TowerGuard:
   """Admits only the indexes embedded by one block tower (:func:`block_tower_id`).
 
   A query tower fine-tuned against the embeddings of one block tower retrieves garbage from
-  another's, and nothing fails: ``realm-serve`` pins the tower of the index it starts with and
-  never swaps in a newer index of another (``realm-refresh`` over another checkpoint);
-  ``realm-index upsert|delete`` keep their index's tower, a rebuild from the same checkpoint has
-  it too. A refusal is logged once per publication; the caller keeps its current index.
+  another's, and nothing fails: ``realm-serve`` pins the tower its model was fine-tuned
+  against (the model directory's ``block_tower.json``; for a model directory written before
+  it, the tower of the index it starts with) and never swaps in an index of another
+  (``realm-refresh`` over another checkpoint); ``realm-index upsert|delete`` keep their
+  index's tower, a rebuild from the same checkpoint has it too. A refusal is logged once per
+  publication; the caller keeps its current index.
 
   Args:
-    manifest: the manifest of the index whose tower is the right one.
+    tower: the right tower's :func:`block_tower_id`.
   """
 
-  def __init__(self, manifest: dict):
-    self.tower = block_tower_id(manifest)
+  def __init__(self, tower: Optional[str]):
+    self.tower = tower
     self._told = set()
 
   def admits(self, path: str, manifest: Optional[dict] = None) -> bool:

@@ -156,6 +156,17 @@ def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
     time.sleep(1.0)
 
 
+def block_tower_fingerprint(model_dir: str, checkpoint_path: str) -> str:
+  """The ``block_tower`` fingerprint of the block tower in ``checkpoint_path`` (a checkpoint of
+  ``model_dir``): what an index built from it records (:meth:`Refresher.build`)."""
+  config = model_dir_lib.load_config(model_dir)
+  if not has_block_tower(config, checkpoint_path):
+    raise errors.RetrievalError(f"checkpoint {checkpoint_path} has no block tower")
+  _, block_embedder = modeling.build_embedders(config.retriever)
+  model_dir_lib.restore(checkpoint_path, block_embedder=block_embedder)
+  return corpus_embedding.tower_fingerprint(block_embedder)
+
+
 def find_checkpoint(model_dir: str, checkpoint_path: Optional[str] = None) -> str:
   """``checkpoint_path`` if given (it must exist), else the newest checkpoint of ``model_dir``.
 

@@ -19,13 +19,15 @@ GET     ``/openapi.json``       the OpenAPI description (``/docs`` renders it)
 Every error is ``{"error": "<one line>"}`` JSON: 400 (a body that is not UTF-8 or not JSON),
 401 (no token, or not ``Authorization: Bearer <token>``: checked before the body is read), 403
 (updates disabled: no token was given at start-up), 404 (no such path; a uid with no live
-block), 409 (the served index cannot take an update: another corpus or block tower), 413 (a
+block), 409 (the served index cannot take an update: another corpus or block tower; or
+``LATEST`` names an index of another block tower than the served model's), 413 (a
 body over ``max_body_bytes``, counted as it arrives: chunked bodies too), 422 (missing fields,
 wrong types, an empty question or one over ``max_question_chars``, ``top_k`` out of range,
 documents that cannot be indexed), 429 (more than ``max_in_flight`` requests, or an update
 already running), 500 (an unexpected error, or an index or corpus the server cannot read: the
 details, with the host's paths, go to the log only), 503 (a question that waited past the
-timeout, no index yet, the service stopping). None of them stops the server.
+timeout, no index yet, the service stopping; an update that was published but is not answering
+yet, which says so). None of them stops the server.
 
 The service is opened when the server starts and closed when it stops (the app's lifespan), held
 in ``app.state.service`` and given to the routes by the :func:`get_service` dependency.
@@ -144,6 +146,7 @@ _STATUSES = (
     (service_lib.Unavailable, 503, None),
     (service_lib.NotFound, 404, None),
     (service_lib.InvalidUpdate, 422, None),
+    (service_lib.Conflict, 409, None),
     (errors.IndexNotReadyError, 503, "no index is published yet: retry later"),
     (errors.FingerprintMismatchError, 409, _CONFLICT),
     (errors.IndexUpdateError, 409, _CONFLICT),

@@ -11,7 +11,13 @@ Threads:
   warms it up and hands it to the worker.
 * **updates** (``upsert``/``delete``) run on the caller's thread, one at a time (``Updater``);
   the published index is loaded at once and the call returns once the worker has swapped it
-  in, so the next question sees it.
+  in, so the next question sees it (else :class:`PublishedNotServed`, whose message says the
+  update was published).
+
+One block tower only: the tower the model was fine-tuned against (:func:`pinned_block_tower`).
+The service refuses to start on an index of another (``BlockTowerMismatchError``: a clear error
+rather than a wait), never swaps one in, and refuses updates (:class:`Conflict`) while
+``LATEST`` names one.
 
 Admission is bounded (``max_in_flight``): beyond it ``submit`` raises :class:`Overloaded`
 (HTTP 429); the app answers 503 to a question that waited longer than ``timeout_seconds``.
@@ -43,6 +49,7 @@ from realm_tf.openqa import predict
 from realm_tf.retrieval import errors as retrieval_errors
 from realm_tf.retrieval import handle as handle_lib
 from realm_tf.retrieval import publish
+from realm_tf.retrieval import refresher
 from realm_tf.retrieval import updates
 
 
@@ -63,11 +70,39 @@ class InvalidUpdate(errors.RealmError, ValueError):
   """An update whose documents cannot be indexed, or that names nothing (HTTP 422)."""
 
 
+class Conflict(errors.RealmError, RuntimeError):
+  """An update refused by the server's state: ``LATEST`` names an index of another block tower
+  than the served model's, which the service does not serve (HTTP 409)."""
+
+
+class PublishedNotServed(Unavailable):
+  """An update that was published but is not answering yet (HTTP 503): the message says so,
+  and that it must not be sent again."""
+
+
 class _Updater(updates.Updater):
   """``updates.Updater`` that tells the request's faults from the index's state: an
   ``IndexUpdateError`` of the update's plan (a document that cannot be indexed, a uid or
   title that names no live block) is the request's, :class:`InvalidUpdate`; the others
-  (another corpus, another block tower, an index that cannot be read) stay the index's."""
+  (another corpus, another block tower, an index that cannot be read) stay the index's. An
+  index ``LATEST`` names that ``guard`` refuses (another block tower than the served model's)
+  takes no update (:class:`Conflict`): it would be published on top of an index the service
+  never serves."""
+
+  def __init__(self, index_dir: str, guard: handle_lib.TowerGuard, serving, **kwargs):
+    super().__init__(index_dir, **kwargs)
+    self.guard = guard
+    self._serving = serving  # () -> the name of the index answering now.
+
+  def _latest(self):
+    path, manifest = super()._latest()
+    if not self.guard.admits(path, manifest):
+      raise Conflict(
+          f"LATEST names {os.path.basename(path)}, an index of another block tower than the "
+          "one the served model was fine-tuned against: the server keeps answering with "
+          f"{self._serving()} and takes no update until LATEST names an index of its block "
+          "tower (build one from the model's block tower: realm-index build)")
+    return path, manifest
 
   def _update(self, plan):
     def checked(*args):
@@ -76,6 +111,23 @@ class _Updater(updates.Updater):
       except retrieval_errors.IndexUpdateError as e:
         raise InvalidUpdate(str(e)) from e
     return super()._update(checked)
+
+
+def pinned_block_tower(model_dir: str, checkpoint: str, start_manifest: Dict) -> Optional[str]:
+  """The block tower (``handle.block_tower_id``) the model of ``model_dir`` answers against:
+  the one its fine-tuning recorded (``model_dir.read_block_tower``), the served
+  ``checkpoint``'s own for a model that trained its block tower, and for a model directory
+  written before the record existed the tower of the index the service starts with
+  (``start_manifest``'s; logged)."""
+  record = model_dir_lib.read_block_tower(model_dir)
+  if record is None:
+    logging.info("realm-serve: %s records no block tower (%s; written before it was "
+                 "recorded, or not fine-tuned for Open-QA): pinning the block tower of the index "
+                 "it starts with", model_dir, model_dir_lib.BLOCK_TOWER_NAME)
+    return handle_lib.block_tower_id(start_manifest)
+  if record.get("own"):
+    return refresher.block_tower_fingerprint(model_dir, checkpoint)
+  return str(record["fingerprint"])
 
 
 @dataclasses.dataclass
@@ -124,16 +176,27 @@ class QAService:
     self.reader_beam_size = reader_beam_size
     self.max_batch, self.max_in_flight = max_batch, max_in_flight
     self.timeout_seconds, self.poll_seconds = timeout_seconds, poll_seconds
-    self.updater = _Updater(index_dir, keep=keep)
+    handle = qa.builder.handle
+    # The block tower the model answers against: no index of another is served or updated.
+    self._tower = handle_lib.TowerGuard(pinned_block_tower(model_dir, qa.checkpoint,
+                                                           handle.manifest))
+    found = handle_lib.block_tower_id(handle.manifest)
+    if found != self._tower.tower:
+      raise retrieval_errors.BlockTowerMismatchError(
+          f"{handle.path} (what {index_dir}/LATEST names) was embedded by block tower {found}, "
+          f"but the model {model_dir} answers against block tower {self._tower.tower} (its "
+          f"{model_dir_lib.BLOCK_TOWER_NAME}): its retrieval would be garbage. Publish an index "
+          "of that tower in the index directory (the index the model was fine-tuned against, or "
+          "realm-index build from the checkpoint whose block tower built it; for a model that "
+          "trained its block tower, from the served checkpoint) and start again")
+    self.updater = _Updater(index_dir, self._tower, lambda: os.path.basename(self._current.path),
+                            keep=keep)
     # Batches of 1 to max_batch questions: one trace with the batch dimension relaxed.
     self._embed = embedder_lib.inference_function(self.model.query_embedder,
                                                   reduce_retracing=True)
     self._forward = tf.function(lambda f: self.model(f, training=False), reduce_retracing=True)
-    handle = qa.builder.handle
     self._current = _Index(qa.builder, handle.path,
                            publish.publication_key(handle.path, handle.manifest), handle.manifest)
-    # The block tower the model answers against: a newer index of another is never swapped in.
-    self._tower = handle_lib.TowerGuard(handle.manifest)
     self._pending: Optional[_Index] = None
     self._swapped = threading.Condition()
     self._queue: "queue.Queue[_Request]" = queue.Queue()
@@ -320,10 +383,20 @@ class QAService:
       raise Overloaded("another update is in progress: retry when it is done")
     try:
       result = run()
-      self._load_newer()
-      if not self.wait_for(result.index, self.timeout_seconds):
-        raise Unavailable(f"the update was published ({os.path.basename(result.index)}) but "
-                          "is not answering yet")
+      name = os.path.basename(result.index)
+      try:
+        self._load_newer()
+        served = self.wait_for(result.index, self.timeout_seconds)
+        why = f"not swapped in within {self.timeout_seconds:.0f} s"
+      except Exception as e:  # pylint: disable=broad-except
+        logging.exception("realm-serve: the update %s was published but could not be loaded",
+                          name)
+        served, why = False, f"loading it failed: {type(e).__name__}, see the server's log"
+      if not served:
+        raise PublishedNotServed(
+            f"the update was published as {name} but is not answering yet ({why}); it will be "
+            "once the server loads it (GET /healthz names the index answering): do not send "
+            "the update again")
       return result.to_json()
     finally:
       self._update_lock.release()

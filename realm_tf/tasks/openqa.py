@@ -33,6 +33,12 @@ host side is then built at the first batch (the refresher's first index needs ``
 swaps in each newer index, and its embeddings, between batches. Evaluate such a model against
 an index of its own block tower (the refresher's last, or ``realm-index build``).
 
+Training records in the model directory which block tower the query tower is fine-tuned
+against (``block_tower.json``, ``model_dir.write_block_tower``; ``realm-serve`` serves no index
+of another): the fingerprint of the frozen index's tower (its manifest's ``block_tower``), or,
+with ``trainable_blocks``, the model's own, so that the right index is one built from the served
+checkpoint (the refresher's last, built from the final checkpoint).
+
 Metrics (per question, means): ``exact_match`` (the predicted span is a gold span; ORQA's
 ``exact_match``, which picks the best checkpoint), ``official_exact_match`` (validation only:
 the predicted text, mapped back to the block's characters, under ORQA's ``eval_utils``
@@ -42,6 +48,7 @@ how often each loss term is dropped because nothing is correct (``no_correct_in_
 """
 
 import logging
+import os
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -60,6 +67,7 @@ from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
+from realm_tf.retrieval import handle as handle_lib
 from realm_tf.tasks import base
 
 PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")
@@ -131,6 +139,22 @@ class OpenQaTask(base.RealmBaseTask):
           wait_seconds=cfg.index_wait_seconds if trainable else 0.0)
     return self._builder
 
+  def _record_block_tower(self) -> None:
+    """Writes the model directory's ``block_tower.json`` (see the module docstring)."""
+    if not self.logging_dir:
+      return
+    if self.task_config.trainable_blocks:
+      record = {"own": True}
+    else:
+      handle = self.builder().handle
+      tower = handle_lib.block_tower_id(handle.manifest)
+      if tower is None:
+        logging.warning("open-qa: the index %s records no block tower: realm-serve will pin "
+                        "the tower of the index it starts with", handle.path)
+        return
+      record = {"fingerprint": tower, "index": os.path.basename(handle.path)}
+    model_dir_lib.write_block_tower(self.logging_dir, record)
+
   def _embed_questions(self, question_inputs: Dict[str, np.ndarray]) -> np.ndarray:
     if self._model is None:
       raise RuntimeError("build_model must run before the inputs are read")
@@ -145,6 +169,8 @@ class OpenQaTask(base.RealmBaseTask):
     cfg = self.task_config
     questions = inputs_lib.load_questions(params.input_path, params.answer_type)
     self._questions[params.is_training] = questions
+    if params.is_training:
+      self._record_block_tower()
     if cfg.trainable_blocks:
       # The first index comes from the refresher, which needs ckpt-0, which the trainer saves
       # after building its inputs: the host side is built at the first batch.
