@@ -134,6 +134,7 @@ def test_repeated_uids_are_skipped_and_counted():
   builder = _builder(RealmPretrainer.from_config_dataclass(config), config, blocks)
   examples = make_examples(3, rng, blocks)
   examples["source_uid"] = np.array([blocks[0]["uid"]] * 3)
+  examples["source_block_id"] = np.zeros(3, np.int64)   # the block whose uid they name
   ranked = np.array([[10, 11, 3, 4, 5], [1, 2, 3, 4, 5], [11, 2, 3, 10, 5]])
   cands = builder.select_candidates(ranked, examples["source_uid"])
   assert builder.repeated_uids(cands).tolist() == [True, False, False]   # 10 cut from row 3

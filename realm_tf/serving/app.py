@@ -51,6 +51,7 @@ import pydantic
 from starlette import datastructures
 from starlette import exceptions as starlette_exceptions
 
+from realm_tf import errors as project_errors
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import updates
@@ -155,7 +156,7 @@ _STATUSES = (
 )
 
 
-class _BodyTooLarge(starlette_exceptions.HTTPException):
+class _BodyTooLarge(starlette_exceptions.HTTPException, project_errors.RealmError):
   """Raised from ``receive`` once a body is over the limit (FastAPI passes HTTP exceptions
   on while it reads a body: the app's handler answers it)."""
 
