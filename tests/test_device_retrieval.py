@@ -82,6 +82,19 @@ def demo(tmp_path_factory):
               emb=emb, vocab_size=len(load_vocab(files["vocab"])))
 
 
+def both_paths(demo, step):
+  """The host builder (exact search with the model's current query tower) and the device
+  retriever over the demo's corpus, both with its embeddings at ``step``."""
+  config, tok, store, model, emb = (demo[k] for k in ("config", "tokenizer", "store", "model",
+                                                     "emb"))
+  builder = candidates.CandidateBuilder(store, config, ExactHandle(emb, step=step), tok.cls_id,
+                                        tok.sep_id)
+  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
+  retriever = device_retrieval.DeviceRetriever(store, config, tok.cls_id, tok.sep_id)
+  retriever.load(emb, step=step)
+  return builder, retriever
+
+
 def test_same_candidates_and_features_as_the_host_path_on_the_demo_corpus(demo):
   """Exact retrieval with the current query tower, in the step, gives today's candidates
   (null first, the source block's uid dropped) and the same block and reader inputs."""
@@ -89,11 +102,7 @@ def test_same_candidates_and_features_as_the_host_path_on_the_demo_corpus(demo):
                                                      "emb"))
   n = len(store)
   assert n > 300 and int(store.gather_packed(np.arange(n), 64)["input_mask"].sum(1).max()) > 24
-  builder = candidates.CandidateBuilder(store, config, ExactHandle(emb, step=7), tok.cls_id,
-                                        tok.sep_id)
-  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
-  retriever = device_retrieval.DeviceRetriever(store, config, tok.cls_id, tok.sep_id)
-  retriever.load(emb, step=7)
+  builder, retriever = both_paths(demo, step=7)
   rng = np.random.default_rng(1)
   b = 24
   examples = random_examples(rng, b, 16, config.max_masks, demo["vocab_size"],
@@ -121,12 +130,7 @@ def test_examples_from_another_corpus_exclude_nothing_on_both_paths(demo):
   a query from the corpus in the same batch still drops its own block."""
   config, tok, store, model, emb = (demo[k] for k in ("config", "tokenizer", "store", "model",
                                                      "emb"))
-  n = len(store)
-  builder = candidates.CandidateBuilder(store, config, ExactHandle(emb, step=3), tok.cls_id,
-                                        tok.sep_id)
-  builder._query_embedder = lambda: (lambda x: model.query_embedder(x, training=False))
-  retriever = device_retrieval.DeviceRetriever(store, config, tok.cls_id, tok.sep_id)
-  retriever.load(emb, step=3)
+  builder, retriever = both_paths(demo, step=3)
   rng = np.random.default_rng(2)
   b = 16
   examples = random_examples(rng, b, 16, config.max_masks, demo["vocab_size"],
