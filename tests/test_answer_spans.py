@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from experiments import assets
-from realm_tf.binaries import answer as answer_bin
+from realm_tf.openqa import report
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import inputs as inputs_lib
@@ -175,8 +175,8 @@ def test_openqa_answer_and_realm_answer_answer_in_whole_words(real, answering):
   best = a.evidence[a.block_rank]
   assert best.block_id == answering["target"] and best.text[a.start:a.end] == "Trevathan"
   # realm-answer prints this Answer: the snippet brackets the whole word.
-  report = answer_bin.format_answer(a)
-  assert "answer:   Trevathan " in report and "but [[Trevathan]] recovered" in report
+  text = report.format_answer(a)
+  assert "answer:   Trevathan " in text and "but [[Trevathan]] recovered" in text
 
 
 def test_realm_eval_scores_the_whole_word(real, answering):

@@ -20,6 +20,7 @@ import tensorflow as tf
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 from realm_tf.openqa import predict
+from realm_tf.openqa.report import format_answer
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
@@ -35,42 +36,6 @@ flags.DEFINE_integer("snippet_chars", 160, "Characters of block text shown per b
                      lower_bound=20)
 
 FLAGS = flags.FLAGS
-
-
-def _squash(text: str) -> str:
-  return " ".join(text.split())
-
-
-def snippet(text: str, start: int = -1, end: int = -1, width: int = 160) -> str:
-  """About ``width`` characters of ``text``, whitespace collapsed; with ``0 <= start < end``,
-  the window around ``text[start:end]``, bracketed as ``[[...]]``."""
-  if not 0 <= start < end <= len(text):
-    flat = _squash(text)
-    return flat[:width] + "..." if len(flat) > width else flat
-  answer = _squash(text[start:end])
-  room = max(0, width - len(answer)) // 2
-  left, right = _squash(text[:start]), _squash(text[end:])
-  left_cut, right_cut = left[-room:] if room else "", right[:room]
-  pre = ("..." if len(left_cut) < len(left) else "") + left_cut
-  post = right_cut + ("..." if len(right_cut) < len(right) else "")
-  pad_left = " " if left and text[start - 1].isspace() else ""
-  pad_right = " " if right and text[end].isspace() else ""
-  return f"{pre}{pad_left}[[{answer}]]{pad_right}{post}".strip()
-
-
-def format_answer(answer: predict.Answer, width: int = 160) -> str:
-  """The text report of one answer: answer, score and the evidence read."""
-  lines = [f"question: {answer.question}",
-           f"answer:   {answer.answer or '(none)'}   (score {answer.score:.3f})",
-           f"evidence ({len(answer.evidence)} blocks read):"]
-  for rank, e in enumerate(answer.evidence):
-    here = rank == answer.block_rank and bool(answer.answer)
-    mark = "*" if here else " "
-    lines.append(f" {mark}{rank + 1:2d}. [{e.retrieval_score:8.3f}] {e.title}  "
-                 f"(block {e.block_id})")
-    lines.append("      " + (snippet(e.text, answer.start, answer.end, width) if here
-                             else snippet(e.text, width=width)))
-  return "\n".join(lines)
 
 
 def main(argv):
