@@ -1,19 +1,27 @@
 """``experiments/benchmarks/bench_serve_abuse.py``'s end: a server whose ``/healthz`` does not
-answer 200 after the run is reported as a failure (exit status 1), not a ``TypeError``."""
+answer 200 after the run is reported as a failure (exit status 1), not a ``TypeError``.
+
+The benchmark defines its flags at import (``--num_blocks``, as ``experiments.scale_model``
+does), so its test runs in a pytest process of its own: the outer test starts it."""
 
 import contextlib
 import os
+import subprocess
+import sys
 import types
 
 import pytest
 
-from experiments.benchmarks import bench_serve_abuse as bench
+INNER = os.environ.get("REALM_TF_BENCH_ABUSE_TEST") == "1"
 
 
+@pytest.mark.skipif(not INNER, reason="run in a process of its own by test_in_its_own_process")
 @pytest.mark.parametrize("health", [{"error": "the service stopped"}, None])
 def test_a_healthz_that_fails_at_the_end_is_reported(health, monkeypatch, capsys):
   """The world, the server and the clients replaced: the last ``/healthz`` answers 503 (a JSON
   error, or a body that is not JSON)."""
+  # pylint: disable-next=g-import-not-at-top
+  from experiments.benchmarks import bench_serve_abuse as bench
 
   @contextlib.contextmanager
   def serving(*unused_args):
@@ -34,3 +42,13 @@ def test_a_healthz_that_fails_at_the_end_is_reported(health, monkeypatch, capsys
   out = capsys.readouterr().out
   assert "FAILED: /healthz answered 503 after the run" in out, out
   assert "served blocks unknown (/healthz answered 503" in out, out
+
+
+@pytest.mark.skipif(INNER, reason="the inner run")
+def test_in_its_own_process():
+  proc = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+       os.path.abspath(__file__), "-k", "healthz"], capture_output=True, text=True,
+      env=dict(os.environ, REALM_TF_BENCH_ABUSE_TEST="1"),
+      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600, check=False)
+  assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:]
