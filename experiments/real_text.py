@@ -41,6 +41,7 @@ untrained baselines above run now.
 """
 
 import csv
+import dataclasses
 import json
 import os
 import time
@@ -59,9 +60,13 @@ TOP_K = (1, 5, 20)
 BM25 = "BM25"
 MINILM = "MiniLM (untrained REALM tower)"
 MINILM_MEAN = "MiniLM (mean-pooled, as trained)"
+MINILM_ICT = "MiniLM + ICT (REALM tower)"
 RESULTS_NAME = "real_text_retrieval"
-CSV_FIELDS = ("retriever", "recall@1", "recall@5", "recall@20", "test_questions", "blocks",
-              "seconds")
+OPENQA_NAME = "real_text_openqa"
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+CSV_FIELDS = ("retriever", "recall@1", "recall@1_lo", "recall@1_hi", "recall@5", "recall@5_lo",
+              "recall@5_hi", "recall@20", "recall@20_lo", "recall@20_hi", "test_questions",
+              "blocks", "seconds")
 
 
 class RealTextError(errors.RealmError):
@@ -210,12 +215,18 @@ def test_questions(work: str, max_questions: int):
 
 # ------------------------------------------------------------------------------- retrieval --
 
-def recall_at(top_ids: np.ndarray, bodies: Sequence[str], records, ks=TOP_K) -> Dict[str, float]:
-  """``recall@k``: the share of questions with an answer (``has_answer``) in a top-k body."""
+def first_hits(top_ids: np.ndarray, bodies: Sequence[str], records) -> np.ndarray:
+  """Per question, the rank of the first top block whose body holds an answer
+  (``has_answer``), or the number of top blocks when none does."""
   from realm_tf.openqa import inputs  # pylint: disable=g-import-not-at-top
   hits = np.array([[inputs.has_answer(bodies[b], r.answers, r.answer_type == "regex")
                     for b in row] for row, r in zip(top_ids, records)], bool)
-  first = np.where(hits.any(1), hits.argmax(1), hits.shape[1])
+  return np.where(hits.any(1), hits.argmax(1), hits.shape[1])
+
+
+def recall_at(top_ids: np.ndarray, bodies: Sequence[str], records, ks=TOP_K) -> Dict[str, float]:
+  """``recall@k``: the share of questions with an answer (``has_answer``) in a top-k body."""
+  first = first_hits(top_ids, bodies, records)
   return {f"recall@{k}": float(np.mean(first < k)) for k in ks}
 
 
@@ -351,11 +362,9 @@ def run_minilm(work: str, max_questions: int, batch_size: int) -> Dict:
   block_realm, block_mean = embed_token_ids(tower, [b["token_ids"] for b in blocks],
                                             config.block_seq_length, batch_size,
                                             progress=progress)
-  question_ids = tokenizer.tokenize([r.question for r in records]).to_list()
-  question_rows = [[tokenizer.cls_id] + q[:config.query_seq_length - 2] + [tokenizer.sep_id]
-                   for q in question_ids]
-  q_realm, q_mean = embed_token_ids(tower, question_rows, config.query_seq_length, batch_size,
-                                    type_ids=False)
+  q_realm, q_mean = embed_token_ids(tower, question_rows(tokenizer, records,
+                                                        config.query_seq_length),
+                                    config.query_seq_length, batch_size, type_ids=False)
   bodies = [b["body"] for b in blocks]
   ids = np.array([b["block_id"] for b in blocks])
   out_dir = os.path.join(work, "minilm")
@@ -370,25 +379,362 @@ def run_minilm(work: str, max_questions: int, batch_size: int) -> Dict:
   return summary
 
 
+# --------------------------------------------------------------------------------- budget --
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """The sizes of the trained stages (flags of the same names), ORQA's recipe cut to fit.
+
+  ORQA's ICT: BERT-base towers, batch 4096, queries of 64 and blocks of 288 wordpieces, lr 1e-4,
+  100k steps. ORQA's Open-QA: batch 1, retriever beam 5000, reader beam 5, reader input 320,
+  lr 1e-5, 100k steps, the checkpoint by dev exact match. Here (defaults, chosen from measured
+  per-step times on 2 CPU cores; experiments/NOTES.md section 18): MiniLM-L6 towers and reader,
+  and what is cut is what the flags say.
+  """
+  ict_steps: int = 300
+  ict_batch_size: int = 32
+  ict_query_seq_length: int = 64
+  ict_block_seq_length: int = 128
+  ict_learning_rate: float = 1e-4
+  openqa_steps: int = 300
+  openqa_batch_size: int = 4
+  openqa_learning_rate: float = 5e-5
+  reader_seq_length: int = 192
+  reader_beam_size: int = 5
+  retriever_beam_size: int = 100
+  openqa_validations: int = 2
+  openqa_dev_questions: int = 200
+  openqa_test_questions: int = 500
+  eval_batch_size: int = 16
+
+  def check(self) -> None:
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if value <= 0:
+        raise RealTextError(f"--{field.name}={value}: must be positive")
+    if self.reader_beam_size > self.retriever_beam_size:
+      raise RealTextError(f"--reader_beam_size={self.reader_beam_size} is above "
+                          f"--retriever_beam_size={self.retriever_beam_size}")
+    if self.openqa_validations > self.openqa_steps:
+      raise RealTextError(f"--openqa_validations={self.openqa_validations} is above "
+                          f"--openqa_steps={self.openqa_steps}")
+
+
+# ------------------------------------------------------------------------------ intervals --
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
+  """The 95% Wilson score interval of a binomial proportion ``successes / n`` (over
+  questions): it always holds the point estimate and stays inside [0, 1]."""
+  if n <= 0:
+    raise RealTextError("an interval over no question")
+  p = successes / n
+  denominator = 1 + z * z / n
+  centre = (p + z * z / (2 * n)) / denominator
+  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+  return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
+def proportion(flags_: Sequence[bool]) -> Dict[str, float]:
+  """``{"value", "lo", "hi"}``: the share of true and its 95% Wilson interval."""
+  n, k = len(flags_), int(np.sum(flags_))
+  lo, hi = wilson_interval(k, n)
+  return {"value": k / n, "lo": lo, "hi": hi}
+
+
+# -------------------------------------------------------------------------------- ICT --
+
+def encoder_yaml(work: str, kind: str) -> str:
+  """A YAML (JSON is YAML) giving the converted MiniLM's encoder shape to the ICT task's towers
+  (``kind="ict"``) or to the Open-QA task's retriever and reader (``"openqa"``); its path."""
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  encoder = model_dir_lib.load_config(os.path.join(work, "minilm_model")).retriever.encoder
+  encoder = encoder.as_dict()
+  model = ({"encoder": encoder} if kind == "ict"
+           else {"retriever": {"encoder": encoder}, "reader": {"encoder": encoder}})
+  path = os.path.join(work, f"minilm_encoder_{kind}.yaml")
+  _write_json(path, {"task": {"model": model}})
+  return path
+
+
+def make_ict_examples(work: str, vocab_file: str, block_seq_length: int) -> Dict:
+  """The corpus's own blocks -> ICT examples (``data_prep.ict_examples``) in ``ict_examples/``;
+  every block trains (no held-out ICT split: the test is on the questions)."""
+  from data_prep import ict_examples  # pylint: disable=g-import-not-at-top
+  manifest = ict_examples.run_ict_examples(
+      os.path.join(work, "blocks"), vocab_file, os.path.join(work, "ict_examples"),
+      block_seq_length=block_seq_length, eval_fraction=0.0)
+  return {k: manifest[k] for k in ("num_train", "num_sentences", "remove_prob")}
+
+
+def train_lengths(steps: int, validations: int = 1) -> List[str]:
+  """The trainer's intervals: a checkpoint (and validation) every ``steps // validations``
+  steps, host round trips and summaries every ``min(20, that)``."""
+  every = max(1, steps // validations)
+  loop = min(20, every)
+  return [f"trainer.train_steps={steps}", f"trainer.checkpoint_interval={every}",
+          f"trainer.validation_interval={every}", f"trainer.steps_per_loop={loop}",
+          f"trainer.summary_interval={loop}"]
+
+
+def train_ict(work: str, vocab_file: str, budget: Budget, seed: int) -> Dict:
+  """ICT (``realm-train --experiment=ict_cpu``'s task and trainer, in this process) from the
+  converted MiniLM (``task.init_checkpoint``): both towers the one MiniLM, its projection the
+  untrained row's, on ``ict_examples/``, at ``budget``'s sizes; into ``ict_model/``."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  model_dir = os.path.join(work, "ict_model")
+  overrides = [
+      f"task.vocab_file={vocab_file}",
+      f"task.init_checkpoint={os.path.join(work, 'minilm_model')}",
+      f"task.train_data.input_path={os.path.join(work, 'ict_examples', 'train-*')}",
+      f"task.train_data.global_batch_size={budget.ict_batch_size}",
+      f"task.train_data.seed={seed}",
+      f"task.model.query_seq_length={budget.ict_query_seq_length}",
+      f"task.model.block_seq_length={budget.ict_block_seq_length}",
+      "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate="
+      f"{budget.ict_learning_rate}"] + train_lengths(budget.ict_steps)
+  params = configs.load_experiment(
+      "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__real_text.yaml"), encoder_yaml(work, "ict")],
+      ",".join(overrides))
+  tf_keras.utils.set_random_seed(seed)
+  start = time.time()
+  logs = train_lib.run_experiment(params, model_dir, mode="train")
+  seconds = time.time() - start
+  return {"model_dir": model_dir, "steps": budget.ict_steps,
+          "checkpoint": model_dir_lib.latest_checkpoint(model_dir),
+          "seconds_per_step": round(seconds / budget.ict_steps, 3),
+          "last_logs": {k: round(float(v), 4) for k, v in logs.items()}}
+
+
+def question_rows(tokenizer, records, length: int) -> List[List[int]]:
+  """``[CLS] question [SEP]`` wordpiece ids of each record, cut to ``length``."""
+  ids = tokenizer.tokenize([r.question for r in records]).to_list()
+  return [[tokenizer.cls_id] + q[:length - 2] + [tokenizer.sep_id] for q in ids]
+
+
+def run_ict_retrieval(work: str, max_questions: int, batch_size: int,
+                      block_seq_length: int) -> Dict:
+  """The ICT-trained tower's recall, as the untrained row's (the same blocks at their full
+  ``block_seq_length``, the same questions at the converted model's query length, exact
+  search); then its frozen index for Open-QA (``ict_index/``, brute force, from the same
+  embeddings through the refresher's build: ``realm-index build``'s path)."""
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
+  blocks_dir = os.path.join(work, "blocks")
+  blocks = manifests.read_blocks(blocks_dir)
+  records = test_questions(work, max_questions)
+  model_dir = os.path.join(work, "ict_model")
+  tower = TowerPass(model_dir)
+  query_length = model_dir_lib.load_config(
+      os.path.join(work, "minilm_model")).retriever.query_seq_length
+  started = time.time()
+  block_emb, _ = embed_token_ids(tower, [b["token_ids"] for b in blocks], block_seq_length,
+                                 batch_size)
+  embed_seconds = time.time() - started
+  q_emb, _ = embed_token_ids(tower, question_rows(tower.embedder.tokenizer, records,
+                                                  query_length), query_length, batch_size,
+                             type_ids=False)
+  ids = np.array([b["block_id"] for b in blocks])
+  if sorted(ids.tolist()) != list(range(len(blocks))):
+    raise RealTextError(f"{blocks_dir}: block ids are not 0..{len(blocks) - 1}")
+  top = ids[top_k(q_emb, block_emb, max(TOP_K))]
+  out_dir = os.path.join(work, "ict")
+  os.makedirs(out_dir, exist_ok=True)
+  np.save(os.path.join(out_dir, "top_ids.npy"), top)
+  np.save(os.path.join(out_dir, "question_emb.npy"), q_emb)
+  by_id = np.zeros_like(block_emb)
+  by_id[ids] = block_emb
+  index_path = refresher.build_index_for_checkpoint(
+      None, model_dir, blocks_dir, os.path.join(work, "ict_index"),
+      options=refresher.BuildOptions(index_type="brute_force", recall_queries=0,
+                                     progress=False), embeddings=by_id)
+  result = recall_at(top, [b["body"] for b in blocks], records)
+  return dict(result, test_questions=len(records), blocks=len(blocks), index=index_path,
+              embed_seconds=round(embed_seconds, 1))
+
+
+# ---------------------------------------------------------------------------- Open-QA --
+
+def convert_reader(minilm_dir: str, vocab_file: str, out: str) -> Dict:
+  """``realm-convert --hf_dir --targets=reader``: MiniLM as the reader's BERT (its span scorer
+  starts fresh in Open-QA fine-tuning)."""
+  from realm_tf import checkpoint_convert  # pylint: disable=g-import-not-at-top
+  return {"checkpoint": checkpoint_convert.convert_hf(minilm_dir, out, vocab_file,
+                                                      targets=["reader"])}
+
+
+def qa_subset(work: str, split: str, count: int, seed: int,
+              max_questions: int = 0) -> Tuple[str, List[int]]:
+  """``qa/openqa-<split>.jsonl``: ``count`` questions of ``squad-<split>.jsonl`` (the first
+  ``max_questions`` of it, 0: all) drawn with ``seed``, in file order (all when fewer); its
+  path and the chosen lines' indices."""
+  with open(os.path.join(work, "qa", f"squad-{split}.jsonl"), encoding="utf-8") as f:
+    lines = [line for line in f if line.strip()]
+  if max_questions:
+    lines = lines[:max_questions]
+  chosen = list(range(len(lines)))
+  if count < len(lines):
+    chosen = sorted(np.random.RandomState(seed).choice(len(lines), count, replace=False).tolist())
+  path = os.path.join(work, "qa", f"openqa-{split}.jsonl")
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(lines[i] for i in chosen)
+  return path, chosen
+
+
+def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_file: str,
+                  block_seq_length: int):
+  """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the ICT towers' query
+  tower, MiniLM's reader, the frozen ``ict_index/``, SQuAD's training questions, ``dev_file``
+  for validation (the best checkpoint by dev exact match in ``best_ckpt/``)."""
+  from realm_tf import configs  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  query_length = model_dir_lib.load_config(
+      os.path.join(work, "minilm_model")).retriever.query_seq_length
+  overrides = [
+      f"task.model.vocab_file={vocab_file}",
+      f"task.index_dir={os.path.join(work, 'ict_index')}",
+      f"task.blocks_dir={os.path.join(work, 'blocks')}",
+      f"task.retriever_init_checkpoint={os.path.join(work, 'ict_model')}",
+      f"task.reader_init_checkpoint={os.path.join(work, 'minilm_reader_model')}",
+      f"task.train_data.input_path={os.path.join(work, 'qa', 'squad-train.jsonl')}",
+      f"task.train_data.global_batch_size={budget.openqa_batch_size}",
+      f"task.train_data.seed={seed}",
+      f"task.validation_data.input_path={dev_file}",
+      f"task.validation_data.global_batch_size={budget.eval_batch_size}",
+      f"task.model.retriever.query_seq_length={query_length}",
+      f"task.model.retriever.block_seq_length={block_seq_length}",
+      f"task.model.reader.openqa_seq_length={budget.reader_seq_length}",
+      f"task.retriever_beam_size={budget.retriever_beam_size}",
+      f"task.reader_beam_size={budget.reader_beam_size}",
+      "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate="
+      f"{budget.openqa_learning_rate}",
+  ] + train_lengths(budget.openqa_steps, budget.openqa_validations)
+  return configs.load_experiment(
+      "openqa_cpu", [os.path.join(CONFIG_DIR, "openqa_cpu__real_text.yaml"),
+                     encoder_yaml(work, "openqa")], ",".join(overrides))
+
+
+def train_openqa(work: str, vocab_file: str, budget: Budget, seed: int,
+                 block_seq_length: int) -> Dict:
+  """ORQA's fine-tuning (``tasks/openqa.py``, ``--mode=train_and_eval``) into ``openqa/``,
+  validated on ``--openqa_dev_questions`` dev questions at each checkpoint."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
+  dev_file, _ = qa_subset(work, "dev", budget.openqa_dev_questions, seed)
+  params = openqa_params(work, vocab_file, budget, seed, dev_file, block_seq_length)
+  model_dir = os.path.join(work, "openqa")
+  tf_keras.utils.set_random_seed(seed)
+  start = time.time()
+  train_lib.run_experiment(params, model_dir, mode="train_and_eval")
+  seconds = time.time() - start
+  dev = model_dir_lib.read_summaries(model_dir, "validation")
+  best = predict.best_checkpoint(model_dir)
+  info = os.path.join(model_dir, "best_ckpt", "info.json")
+  if not os.path.exists(info):
+    raise RealTextError(f"{info} not found: the Open-QA run kept no best checkpoint")
+  # The exporter numbers its checkpoints by its own counter; the step is in its info.json.
+  best_step = int(_read_json(info)["best_ckpt_global_step"])
+  return {"model_dir": model_dir, "steps": budget.openqa_steps, "dev_file": dev_file,
+          "best_checkpoint": best, "best_step": best_step,
+          "seconds_per_step_with_validation": round(seconds / budget.openqa_steps, 3),
+          "dev": {k: [[int(step), float(v)] for step, v in dev[k]]
+                  for k in ("exact_match", "official_exact_match", "top_5_match") if k in dev}}
+
+
+def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
+  """``realm-eval``'s evaluation (``openqa.evaluation.evaluate``) of the best dev checkpoint
+  on ``--openqa_test_questions`` test questions: official EM and top-k match with their
+  intervals, predictions and evidence in ``openqa_eval/``. Top-k match before fine-tuning:
+  the same questions' hits in the ICT stage's top 20 (the initialization's query tower, the
+  same index embeddings, the same ``HasAnswer`` test)."""
+  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
+  test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
+  records, _ = qa.read_qa(test_file)
+  model = predict.OpenQA.load(os.path.join(work, "openqa"), os.path.join(work, "ict_index"),
+                              os.path.join(work, "blocks"),
+                              reader_beam_size=budget.reader_beam_size,
+                              retriever_beam_size=budget.retriever_beam_size)
+  metrics, rows = evaluation.evaluate(model, records, batch_size=budget.eval_batch_size,
+                                      top_k=TOP_K, progress=False)
+  evaluation.write_outputs(os.path.join(work, "openqa_eval"), metrics, rows)
+  after = {"exact_match": proportion([r["correct"] for r in rows])}
+  for k in TOP_K:
+    after[f"top_{k}_match"] = proportion([r["first_correct_rank"] is not None
+                                          and r["first_correct_rank"] < k for r in rows])
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
+  first = first_hits(np.load(os.path.join(work, "ict", "top_ids.npy"))[chosen], bodies,
+                     records)
+  before = {f"top_{k}_match": proportion(first < k) for k in TOP_K}
+  return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
+          "before": before, "after": after,
+          "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+
+
 # --------------------------------------------------------------------------------- results --
 
-def write_results(out: str, stages: Dict[str, Dict]) -> Dict[str, str]:
-  """``results/real_text_retrieval.{md,csv}``: one row per retriever, then the stage times."""
-  rows = [dict(stages["bm25"], retriever=BM25)]
+def _interval_text(value: float, lo: float, hi: float) -> str:
+  return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def retrieval_rows(work: str, stages: Dict[str, Dict], max_questions: int) -> List[Dict]:
+  """One row per retriever: its recall@k (from its stage) and their 95% Wilson intervals over
+  the test questions, from the per-question ranks of its saved top 20 (``top_ids.npy``)."""
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
+  records = test_questions(work, max_questions)
+  rows = [(dict(stages["bm25"], retriever=BM25), os.path.join("bm25", "top_ids.npy"))]
   if "minilm" in stages:
     minilm, seconds = stages["minilm"], stages["minilm"]["seconds"] + stages["convert"]["seconds"]
     for key, label in (("realm", MINILM), ("mean", MINILM_MEAN)):
-      rows.append(dict(minilm[key], retriever=label, test_questions=minilm["test_questions"],
-                       blocks=minilm["blocks"], seconds=seconds))
+      rows.append((dict(minilm[key], retriever=label, test_questions=minilm["test_questions"],
+                        blocks=minilm["blocks"], seconds=seconds),
+                   os.path.join("minilm", f"{key}_top_ids.npy")))
+  if "ict" in stages:
+    ict = stages["ict"]
+    seconds = ict["seconds"] + stages["ict_examples"]["seconds"] + stages["ict_train"]["seconds"]
+    rows.append((dict(ict, retriever=MINILM_ICT, seconds=seconds),
+                 os.path.join("ict", "top_ids.npy")))
+  out = []
+  for row, top_file in rows:
+    first = first_hits(np.load(os.path.join(work, top_file)), bodies, records)
+    for k in TOP_K:
+      p = proportion(first < k)
+      if abs(p["value"] - row[f"recall@{k}"]) > 1e-9:
+        raise RealTextError(f"{os.path.join(work, top_file)}: recall@{k} {p['value']} is not "
+                            f"the stage's {row[f'recall@{k}']} (a stage's outputs were changed)")
+      row[f"recall@{k}_lo"], row[f"recall@{k}_hi"] = p["lo"], p["hi"]
+    out.append(row)
+  return out
+
+
+def _write_csv(path: str, fields: Sequence[str], rows: Sequence[Dict]) -> None:
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({k: (f"{row[k]:.4f}" if isinstance(row[k], float) and k != "seconds"
+                           else row[k]) for k in fields})
+
+
+def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> Dict[str, str]:
+  """``results/real_text_retrieval.{md,csv}``: one row per retriever with 95% intervals, then
+  the stage times; with the Open-QA stages, ``results/real_text_openqa.{md,csv}``."""
+  work = os.path.join(out, "work")
+  rows = retrieval_rows(work, stages, max_questions)
   results = os.path.join(out, "results")
   os.makedirs(results, exist_ok=True)
   csv_path = os.path.join(results, RESULTS_NAME + ".csv")
-  with open(csv_path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    for row in rows:
-      writer.writerow({k: (f"{row[k]:.4f}" if k.startswith("recall") else row[k])
-                       for k in CSV_FIELDS})
+  _write_csv(csv_path, CSV_FIELDS, rows)
   corpus, questions = stages["corpus"], stages["questions"]
   lines = [
       "# Retrieval on real text: SQuAD v1.1 dev + an enwiki slice",
@@ -396,27 +742,111 @@ def write_results(out: str, stages: Dict[str, Dict]) -> Dict[str, str]:
       f"{corpus['blocks']} blocks of at most {stages['block_seq_length']} wordpieces from "
       f"{corpus['documents']} documents ({corpus['squad_paragraphs']} SQuAD paragraphs of "
       f"{corpus['squad_articles']} articles, and the dump's articles); "
-      f"{rows[0]['test_questions']} test questions (SQuAD dev, split by article: "
-      f"{questions['questions']}). Recall@k: a top-k block body holds an answer "
-      "(ORQA's HasAnswer). Seconds: the retriever's stage (MiniLM: conversion, embedding "
-      "and search).",
+      f"{rows[0]['test_questions']} test questions (SQuAD dev's questions, split by article: "
+      + ", ".join(f"{n} {questions['questions'][n]}" for n in ("train", "dev", "test"))
+      + "). Recall@k: a top-k block body holds an answer "
+      "(ORQA's HasAnswer); in brackets its 95% Wilson interval over the test questions. "
+      "Seconds: the retriever's stages (MiniLM: conversion, embedding and search; ICT: "
+      "its examples, training, embedding, search and index).",
       "",
       "| retriever | recall@1 | recall@5 | recall@20 | test questions | seconds |",
       "|---|---|---|---|---|---|"]
   for row in rows:
-    lines.append(f"| {row['retriever']} | {row['recall@1']:.3f} | {row['recall@5']:.3f} | "
-                 f"{row['recall@20']:.3f} | {row['test_questions']} | {row['seconds']:.1f} |")
+    cells = [_interval_text(row[f"recall@{k}"], row[f"recall@{k}_lo"], row[f"recall@{k}_hi"])
+             for k in TOP_K]
+    lines.append(f"| {row['retriever']} | {' | '.join(cells)} | {row['test_questions']} | "
+                 f"{row['seconds']:.1f} |")
   lines += ["", "| stage | seconds |", "|---|---|"]
-  for name in ("corpus", "spans", "questions", "bm25", "convert", "minilm"):
+  for name in STAGE_NAMES:
     if name in stages:
       lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
   if "minilm" not in stages:
     lines += ["", "MiniLM not run (--nominilm)."]
-  lines += ["", "Pending: ICT, REALM and Open-QA on this corpus.", ""]
+  if "ict_train" in stages:
+    budget = stages["budget"]
+    lines += ["", f"ICT: {budget['ict_steps']} steps of batch {budget['ict_batch_size']}, "
+              f"queries of {budget['ict_query_seq_length']} and blocks of "
+              f"{budget['ict_block_seq_length']} wordpieces when training, lr "
+              f"{budget['ict_learning_rate']} (ORQA: 100k steps of batch 4096, 64 and 288, "
+              "lr 1e-4); evaluated on the blocks at their full length."]
+  lines += ["", "Not run here: REALM pre-training (no masked-LM reader ships with MiniLM, and "
+            "2 cores are too few).", ""]
   md_path = os.path.join(results, RESULTS_NAME + ".md")
   with open(md_path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
-  return {"md": md_path, "csv": csv_path}
+  paths = {"md": md_path, "csv": csv_path}
+  if "openqa_eval" in stages:
+    paths.update(write_openqa_results(results, stages))
+  return paths
+
+
+OPENQA_FIELDS = ("model", "checkpoint_step", "exact_match", "exact_match_lo", "exact_match_hi",
+                 "top_1_match", "top_1_match_lo", "top_1_match_hi", "top_5_match",
+                 "top_5_match_lo", "top_5_match_hi", "top_20_match", "top_20_match_lo",
+                 "top_20_match_hi", "test_questions")
+OPENQA_BEFORE = "before fine-tuning (ICT retriever)"
+OPENQA_AFTER = "after fine-tuning (ICT retriever + MiniLM reader)"
+
+
+def openqa_rows(evaluation: Dict, training: Dict) -> List[Dict]:
+  rows = []
+  for label, key, step in ((OPENQA_BEFORE, "before", 0),
+                           (OPENQA_AFTER, "after", training["best_step"])):
+    row = {"model": label, "checkpoint_step": step,
+           "test_questions": evaluation["test_questions"]}
+    for name, p in evaluation[key].items():
+      row[name], row[f"{name}_lo"], row[f"{name}_hi"] = p["value"], p["lo"], p["hi"]
+    for name in OPENQA_FIELDS:
+      row.setdefault(name, "")
+    rows.append(row)
+  return rows
+
+
+def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]:
+  """``results/real_text_openqa.{md,csv}``: EM and top-k match before and after fine-tuning,
+  each with its 95% Wilson interval over the test questions."""
+  evaluation, training, budget = stages["openqa_eval"], stages["openqa_train"], stages["budget"]
+  rows = openqa_rows(evaluation, training)
+  csv_path = os.path.join(results, OPENQA_NAME + ".csv")
+  _write_csv(csv_path, OPENQA_FIELDS, rows)
+  dev = training["dev"].get("exact_match", [])
+  lines = [
+      "# Open-QA on real text: SQuAD v1.1 dev questions, split by article",
+      "",
+      f"ORQA's fine-tuning from the ICT-trained MiniLM retriever with a MiniLM reader (the "
+      f"converted encoder and a fresh span scorer) on the {stages['questions']['questions']['train']} "
+      f"training questions, {budget['openqa_steps']} steps of batch "
+      f"{budget['openqa_batch_size']}, lr {budget['openqa_learning_rate']}, retriever beam "
+      f"{budget['retriever_beam_size']}, reader beam {budget['reader_beam_size']}, reader input "
+      f"{budget['reader_seq_length']} wordpieces (ORQA: 100k steps of batch 1, beam 5000, "
+      f"read 5, 320, lr 1e-5). Checkpoint by span exact match on "
+      f"{budget['openqa_dev_questions']} dev questions (at most): "
+      + ", ".join(f"step {s}: {v:.3f}" for s, v in dev) + f"; chosen: step "
+      f"{training['best_step']}. Test: {evaluation['test_questions']} held-out-article "
+      "questions (realm-eval's evaluation; official EM: ORQA's normalization, answers in "
+      "whole words). In brackets: 95% Wilson intervals over the questions. Before "
+      "fine-tuning no reader is trained, so no EM; its top-k match is the ICT tower's over "
+      "the same questions and index.",
+      "",
+      "| model | step | EM | top-1 match | top-5 match | top-20 match | test questions |",
+      "|---|---|---|---|---|---|---|"]
+  for row in rows:
+    cells = [(_interval_text(row[n], row[f"{n}_lo"], row[f"{n}_hi"]) if row[n] != "" else "-")
+             for n in ("exact_match", "top_1_match", "top_5_match", "top_20_match")]
+    lines.append(f"| {row['model']} | {row['checkpoint_step']} | {' | '.join(cells)} | "
+                 f"{row['test_questions']} |")
+  lines += ["", "| stage | seconds |", "|---|---|"]
+  for name in ("reader_convert", "openqa_train", "openqa_eval"):
+    lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
+  lines.append("")
+  md_path = os.path.join(results, OPENQA_NAME + ".md")
+  with open(md_path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines))
+  return {"openqa_md": md_path, "openqa_csv": csv_path}
+
+
+STAGE_NAMES = ("corpus", "spans", "questions", "bm25", "convert", "minilm", "ict_examples",
+               "ict_train", "ict")
 
 
 def check_options(work: str, options: Dict) -> None:
@@ -426,12 +856,18 @@ def check_options(work: str, options: Dict) -> None:
   if os.path.exists(path):
     recorded = _read_json(path)
     changed = sorted(k for k in set(recorded) | set(options)
-                     if recorded.get(k) != options.get(k))
+                     if k in recorded and recorded.get(k) != options.get(k))
     if changed:
       raise RealTextError(
           f"{path} was made with other options ({', '.join(changed)}: "
           f"{[recorded.get(k) for k in changed]}, now {[options.get(k) for k in changed]}); "
           "pass another --output_dir, or delete that one to start again")
+    added = sorted(set(options) - set(recorded))
+    if added:
+      # Options that did not exist when the directory was made: the stages they govern were
+      # not run then, so they are recorded now and govern the stages still to run.
+      _say(f"{path}: recording options it did not have: {', '.join(added)}")
+      _write_json(path, dict(recorded, **{k: options[k] for k in added}))
   else:
     _write_json(path, options)
 
@@ -444,7 +880,8 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
                    max_questions: int = 0,
                    split_fractions: Sequence[float] = (0.6, 0.2, 0.2),
                    salient_spans: bool = True, minilm: bool = True, seed: int = 0,
-                   batch_size: int = 32) -> Dict:
+                   batch_size: int = 32, ict: bool = True, openqa: bool = True,
+                   budget: Budget = Budget()) -> Dict:
   """Every stage (module docstring); returns their summaries and the results' paths."""
   out = os.path.abspath(output_dir)
   work = os.path.join(out, "work")
@@ -452,15 +889,29 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
   for path, what in ((squad_file, "--squad_file"), (vocab_file, "--vocab_file")):
     if not os.path.exists(path):
       raise RealTextError(f"{what} not found: {path}")
-  check_options(work, dict(
+  if ict and not minilm:
+    raise RealTextError("the ICT stages start from the converted MiniLM: drop --nominilm or "
+                        "pass --noict")
+  if openqa and not ict:
+    raise RealTextError("Open-QA fine-tunes from the ICT retriever: drop --noict or pass "
+                        "--noopenqa")
+  budget.check()
+  options = dict(
       squad_file=os.path.abspath(squad_file), vocab_file=os.path.abspath(vocab_file),
       wiki_dump=os.path.abspath(wiki_dump) if wiki_dump else "",
       minilm_dir=os.path.abspath(minilm_dir), block_seq_length=block_seq_length,
       max_articles=max_articles, max_paragraphs=max_paragraphs, max_pages=max_pages,
       max_questions=max_questions,
-      split_fractions=list(split_fractions), seed=seed))
+      split_fractions=list(split_fractions), seed=seed)
+  if ict:
+    options.update({k: v for k, v in dataclasses.asdict(budget).items()
+                    if k.startswith("ict_")})
+  if openqa:
+    options.update({k: v for k, v in dataclasses.asdict(budget).items()
+                    if not k.startswith("ict_")})
+  check_options(work, options)
   start = time.time()
-  stages = {"block_seq_length": block_seq_length}
+  stages = {"block_seq_length": block_seq_length, "budget": dataclasses.asdict(budget)}
   stages["corpus"] = stage("corpus", os.path.join(work, "corpus", "done.json"),
                            lambda: make_corpus(work, squad_file, wiki_dump, vocab_file,
                                                block_seq_length, max_articles, max_paragraphs,
@@ -479,17 +930,42 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
                                                      os.path.join(work, "minilm_model"), seed))
     stages["minilm"] = stage("MiniLM retrieval", os.path.join(work, "minilm", "done.json"),
                              lambda: run_minilm(work, max_questions, batch_size))
-  stages["results"] = write_results(out, stages)
-  for name in (BM25, "realm", "mean"):
-    if name != BM25 and "minilm" not in stages:
-      continue
-    r = stages["bm25"] if name == BM25 else stages["minilm"][name]
-    label = {BM25: BM25, "realm": MINILM, "mean": MINILM_MEAN}[name]
+  if ict:
+    stages["ict_examples"] = stage(
+        "ICT examples", os.path.join(work, "ict_examples_done.json"),
+        lambda: make_ict_examples(work, vocab_file, block_seq_length))
+    stages["ict_train"] = stage("ICT training", os.path.join(work, "ict_model_done.json"),
+                                lambda: train_ict(work, vocab_file, budget, seed))
+    stages["ict"] = stage("ICT retrieval", os.path.join(work, "ict", "done.json"),
+                          lambda: run_ict_retrieval(work, max_questions, batch_size,
+                                                    block_seq_length))
+  if openqa:
+    stages["reader_convert"] = stage(
+        "MiniLM reader conversion", os.path.join(work, "minilm_reader_model_done.json"),
+        lambda: convert_reader(minilm_dir, vocab_file,
+                               os.path.join(work, "minilm_reader_model")))
+    stages["openqa_train"] = stage(
+        "Open-QA training", os.path.join(work, "openqa_done.json"),
+        lambda: train_openqa(work, vocab_file, budget, seed, block_seq_length))
+    stages["openqa_eval"] = stage(
+        "Open-QA evaluation", os.path.join(work, "openqa_eval", "done.json"),
+        lambda: evaluate_openqa(work, budget, seed, max_questions))
+  stages["results"] = write_results(out, stages, max_questions)
+  labels = [(BM25, stages["bm25"])]
+  if "minilm" in stages:
+    labels += [(MINILM, stages["minilm"]["realm"]), (MINILM_MEAN, stages["minilm"]["mean"])]
+  if "ict" in stages:
+    labels.append((MINILM_ICT, stages["ict"]))
+  for label, r in labels:
     _say(f"{label}: recall@1 {r['recall@1']:.3f}, @5 {r['recall@5']:.3f}, "
          f"@20 {r['recall@20']:.3f}")
+  if "openqa_eval" in stages:
+    e = stages["openqa_eval"]
+    _say(f"Open-QA: EM {_interval_text(**e['after']['exact_match'])}, top-5 match before "
+         f"{e['before']['top_5_match']['value']:.3f}, after "
+         f"{e['after']['top_5_match']['value']:.3f} ({e['test_questions']} test questions)")
   _say(f"finished in {time.time() - start:.1f} s; tables in {stages['results']['md']}")
   return stages
-
 
 
 def define_flags() -> None:
@@ -514,8 +990,36 @@ def define_flags() -> None:
                     "blocks.")
   flags.DEFINE_bool("minilm", True, "Also run the MiniLM stages (the encoder over every block: "
                     "the slow part on a CPU).")
-  flags.DEFINE_integer("seed", 0, "Seed of the MiniLM tower's fresh projection.")
+  flags.DEFINE_integer("seed", 0, "Seed of the MiniLM tower's fresh projection, of the data "
+                       "order of the trained stages and of the Open-QA dev/test samples.")
   flags.DEFINE_integer("batch_size", 32, "Blocks per encoder call.")
+  flags.DEFINE_bool("ict", True, "Also run the ICT stages (examples, training, retrieval).")
+  flags.DEFINE_bool("openqa", True, "Also run the Open-QA stages (fine-tuning, test EM).")
+  defaults = Budget()
+  helps = {
+      "ict_steps": "ICT training steps (ORQA: 100k).",
+      "ict_batch_size": "ICT batch: blocks, and so in-batch negatives (ORQA: 4096).",
+      "ict_query_seq_length": "ICT query (sentence) length in training (ORQA: 64).",
+      "ict_block_seq_length": "ICT block length in training (ORQA: 288); the retrieval stage "
+                              "embeds the blocks at --block_seq_length.",
+      "ict_learning_rate": "ICT peak learning rate (ORQA: 1e-4).",
+      "openqa_steps": "Open-QA fine-tuning steps (ORQA: 100k).",
+      "openqa_batch_size": "Questions per Open-QA step (ORQA: 1).",
+      "openqa_learning_rate": "Open-QA peak learning rate (ORQA: 1e-5).",
+      "reader_seq_length": "Reader input, question + block, in wordpieces (ORQA: 320).",
+      "reader_beam_size": "Blocks read per question (ORQA: 5).",
+      "retriever_beam_size": "Blocks retrieved per question for the retriever loss and "
+                             "top-k match (ORQA: 5000).",
+      "openqa_validations": "Dev validations (checkpoints) during fine-tuning; the best by dev "
+                            "exact match is evaluated.",
+      "openqa_dev_questions": "Dev questions of each validation (a seeded sample).",
+      "openqa_test_questions": "Test questions of the Open-QA evaluation (a seeded sample).",
+      "eval_batch_size": "Questions per batch when validating and evaluating Open-QA.",
+  }
+  for field in dataclasses.fields(Budget):
+    default = getattr(defaults, field.name)
+    define = flags.DEFINE_float if isinstance(default, float) else flags.DEFINE_integer
+    define(field.name, default, helps[field.name])
 
 
 def main(argv):
@@ -529,7 +1033,9 @@ def main(argv):
   run_experiment(FLAGS.output_dir, FLAGS.squad_file, FLAGS.wiki_dump, FLAGS.vocab_file,
                  FLAGS.minilm_dir, FLAGS.block_seq_length, FLAGS.max_articles,
                  FLAGS.max_paragraphs, FLAGS.max_pages, FLAGS.max_questions, fractions,
-                 FLAGS.salient_spans, FLAGS.minilm, FLAGS.seed, FLAGS.batch_size)
+                 FLAGS.salient_spans, FLAGS.minilm, FLAGS.seed, FLAGS.batch_size,
+                 FLAGS.ict, FLAGS.openqa,
+                 Budget(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Budget)}))
 
 
 def run():

@@ -2,6 +2,7 @@
 the failures real text showed, each on a short real snippet."""
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -95,12 +96,22 @@ def reference_bm25(documents, queries, k1=1.5, b=0.75):
   return scores
 
 
+# The trained stages at a tiny size: a handful of steps, short sequences, few questions.
+TINY_BUDGET = real_text.Budget(
+    ict_steps=4, ict_batch_size=8, ict_query_seq_length=16, ict_block_seq_length=48,
+    ict_learning_rate=1e-4, openqa_steps=4, openqa_batch_size=2, openqa_learning_rate=5e-5,
+    reader_seq_length=64, reader_beam_size=2, retriever_beam_size=8, openqa_validations=2,
+    openqa_dev_questions=6, openqa_test_questions=8, eval_batch_size=4)
+TINY = dict(max_articles=4, max_paragraphs=4, max_pages=1, salient_spans=False, batch_size=8,
+            budget=TINY_BUDGET)
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-  """Four SQuAD articles, four paragraphs each, and the dump's first page (a redirect)."""
+  """Four SQuAD articles, four paragraphs each, and the dump's first page (a redirect); every
+  stage, the trained ones at TINY_BUDGET."""
   out = str(tmp_path_factory.mktemp("real_text"))
-  stages = real_text.run_experiment(out, max_articles=4, max_paragraphs=4, max_pages=1,
-                                    salient_spans=False, batch_size=8)
+  stages = real_text.run_experiment(out, **TINY)
   return out, stages
 
 
@@ -161,18 +172,116 @@ def test_tiny_run_minilm_and_tables(tiny_run):
   with open(os.path.join(out, "results", "real_text_retrieval.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["retriever"] for r in rows] == [real_text.BM25, real_text.MINILM,
-                                            real_text.MINILM_MEAN]
+                                            real_text.MINILM_MEAN, real_text.MINILM_ICT]
   assert all(int(r["test_questions"]) == len(test) for r in rows)
   assert float(rows[0]["recall@5"]) == pytest.approx(stages["bm25"]["recall@5"], abs=1e-4)
+  assert float(rows[3]["recall@5"]) == pytest.approx(stages["ict"]["recall@5"], abs=1e-4)
+  # Every recall has its 95% interval over the questions, around it, in [0, 1].
+  for row in rows:
+    for k in real_text.TOP_K:
+      lo, value, hi = (float(row[f"recall@{k}{s}"]) for s in ("_lo", "", "_hi"))
+      assert 0.0 <= lo <= value <= hi <= 1.0 and hi - lo > 0.0
+      assert (lo, hi) == pytest.approx(real_text.wilson_interval(round(value * len(test)),
+                                                                 len(test)), abs=1e-4)
   md = open(os.path.join(out, "results", "real_text_retrieval.md")).read()
-  assert "| BM25 |" in md and "Pending: ICT, REALM and Open-QA" in md
+  assert "| BM25 |" in md and f"| {real_text.MINILM_ICT} |" in md and "ICT: 4 steps" in md
+  low, high = rows[3]["recall@5_lo"], rows[3]["recall@5_hi"]
+  assert f"{float(rows[3]['recall@5']):.3f} [{float(low):.3f}, {float(high):.3f}]" in md
 
-  # A second run skips every stage; other options in the same directory are refused.
-  again = real_text.run_experiment(out, max_articles=4, max_paragraphs=4, max_pages=1,
-                                   salient_spans=False, batch_size=8)
-  assert again["bm25"] == stages["bm25"]
+  # A second run skips every stage (their summaries, times included, are the recorded ones)
+  # and writes the same tables; other options in the same directory are refused.
+  tables = {n: open(stages["results"][n]).read() for n in ("csv", "md", "openqa_csv")}
+  again = real_text.run_experiment(out, **TINY)
+  names = [n for n in real_text.STAGE_NAMES if n != "spans"]
+  for name in names + ["reader_convert", "openqa_train", "openqa_eval"]:
+    assert again[name] == stages[name], name
+  assert {n: open(again["results"][n]).read() for n in tables} == tables
   with pytest.raises(real_text.RealTextError, match="max_articles"):
-    real_text.run_experiment(out, max_articles=5, max_paragraphs=4, max_pages=1,
-                             salient_spans=False)
+    real_text.run_experiment(out, **dict(TINY, max_articles=5))
+  with pytest.raises(real_text.RealTextError, match="ict_steps"):
+    real_text.run_experiment(out, **dict(TINY, budget=dataclasses.replace(TINY_BUDGET,
+                                                                          ict_steps=5)))
   with open(os.path.join(work, "options.json")) as f:
     assert json.load(f)["max_articles"] == 4
+
+
+def test_tiny_run_ict(tiny_run):
+  """ICT trained the converted tower (from its weights, for its steps), and the retrieval row
+  and the Open-QA index are that tower's."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  out, stages = tiny_run
+  work = os.path.join(out, "work")
+  ict_dir = os.path.join(work, "ict_model")
+  assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(ict_dir)) == 4
+  assert model_dir_lib.load_config(ict_dir).retriever.block_seq_length == 48
+  start = tf.train.load_checkpoint(model_dir_lib.latest_checkpoint(
+      os.path.join(work, "minilm_model")))
+  trained = tf.train.load_checkpoint(model_dir_lib.latest_checkpoint(ict_dir))
+  names = [n for n in start.get_variable_to_shape_map()
+           if n.startswith("block_embedder/") and "OPTIMIZER" not in n]  # one shared tower
+  assert names
+  moved = [n for n in names if not np.allclose(start.get_tensor(n), trained.get_tensor(n))]
+  assert len(moved) > len(names) // 2  # trained from MiniLM's weights, not from scratch
+  for n in names:  # ... and close to them after 4 steps
+    np.testing.assert_allclose(start.get_tensor(n), trained.get_tensor(n), atol=0.05)
+  # The row's question embeddings are the ICT tower's own.
+  tower = real_text.TowerPass(ict_dir)
+  test = real_text.test_questions(work, 0)
+  np.testing.assert_allclose(np.load(os.path.join(work, "ict", "question_emb.npy"))[:3],
+                             tower.embedder.embed_queries([r.question for r in test[:3]]),
+                             atol=2e-4)
+  assert os.path.exists(os.path.join(work, "ict_index", "LATEST"))
+  assert 0 < stages["ict_examples"]["num_train"] <= stages["corpus"]["blocks"]
+
+
+def test_tiny_run_openqa(tiny_run):
+  """Open-QA from the ICT retriever: the checkpoint chosen on dev, EM with its interval on
+  the test sample, top-k match before and after; 'before' is what realm-eval measures on the
+  run's initial checkpoint (ckpt-0)."""
+  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
+  out, stages = tiny_run
+  work = os.path.join(out, "work")
+  train, result = stages["openqa_train"], stages["openqa_eval"]
+  dev_steps = [s for s, _ in train["dev"]["exact_match"]]
+  assert dev_steps == [2, 4] and train["best_step"] in dev_steps
+  assert result["checkpoint"] == train["best_checkpoint"]
+  assert "best_ckpt" in result["checkpoint"]
+  with open(os.path.join(out, "results", "real_text_openqa.csv")) as f:
+    rows = list(csv.DictReader(f))
+  assert [r["model"] for r in rows] == [real_text.OPENQA_BEFORE, real_text.OPENQA_AFTER]
+  before, after = rows
+  assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
+  for row in rows:
+    assert int(row["test_questions"]) == result["test_questions"] == 8
+    for name in ("exact_match", "top_1_match", "top_5_match", "top_20_match"):
+      if row[name]:
+        lo, value, hi = (float(row[f"{name}{s}"]) for s in ("_lo", "", "_hi"))
+        assert 0.0 <= lo <= value <= hi <= 1.0 and hi > lo
+  with open(os.path.join(work, "openqa_eval", "metrics.json")) as f:
+    metrics = json.load(f)
+  assert float(after["exact_match"]) == pytest.approx(metrics["exact_match"], abs=1e-4)
+  assert float(after["top_5_match"]) == pytest.approx(metrics["top_5_match"], abs=1e-4)
+  md = open(os.path.join(out, "results", "real_text_openqa.md")).read()
+  assert f"| {real_text.OPENQA_AFTER} | {train['best_step']} |" in md
+  # 'Before' from the ICT stage's top 20 = realm-eval's top-k match of the initialization.
+  records, _ = qa.read_qa(result["test_file"])
+  model = predict.OpenQA.load(train["model_dir"], os.path.join(work, "ict_index"),
+                              checkpoint=os.path.join(train["model_dir"], "ckpt-0"),
+                              reader_beam_size=2, retriever_beam_size=8)
+  initial, _ = evaluation.evaluate(model, records, batch_size=4, top_k=(1, 5), progress=False)
+  for k in (1, 5):
+    assert float(before[f"top_{k}_match"]) == pytest.approx(initial[f"top_{k}_match"],
+                                                            abs=1e-4)
+
+
+def test_wilson_interval_and_budget():
+  # A textbook value: 8 of 10 -> [0.490, 0.943].
+  assert real_text.wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+  assert real_text.wilson_interval(0, 8)[0] == 0.0 and real_text.wilson_interval(8, 8)[1] == 1.0
+  with pytest.raises(real_text.RealTextError, match="reader_beam_size"):
+    dataclasses.replace(TINY_BUDGET, reader_beam_size=9).check()
+  with pytest.raises(real_text.RealTextError, match="ict_steps"):
+    dataclasses.replace(TINY_BUDGET, ict_steps=0).check()
