@@ -39,6 +39,25 @@ def test_separated_needs_disjoint_intervals():
   assert tables.separated([0.40, 0.50, 0.45], [0.38, 0.45, 0.37]) == "not separated"
 
 
+def test_paired_difference_against_numpy():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  a, b = rng.random((3, 50)) < 0.6, rng.random((3, 50)) < 0.5
+  as_str = lambda m: ["".join("1" if x else "0" for x in row) for row in m]
+  d = tables.paired_difference(as_str(a), as_str(b), resamples=2000)
+  per_seed = a.mean(axis=1) - b.mean(axis=1)
+  np.testing.assert_allclose(d["per_seed"], per_seed)
+  half = 4.303 * per_seed.std(ddof=1) / math.sqrt(3)
+  np.testing.assert_allclose(d["seeds_ci"], (per_seed.mean() - half, per_seed.mean() + half))
+  lo, hi = d["questions_ci"]
+  assert lo < per_seed.mean() < hi and hi - lo < 0.5
+  # Every question found by a and none by b: no uncertainty left over the questions.
+  d = tables.paired_difference(["11", "11"], ["00", "00"], resamples=100)
+  assert d["questions_ci"] == (1.0, 1.0) and d["seeds_ci"] == (1.0, 1.0)
+  with pytest.raises(ValueError, match="same questions"):
+    tables.paired_difference(["101"], ["10"])
+
+
 def test_write_table_markdown_and_csv(tmp_path):
   text = tables.write_table(str(tmp_path), "t", ["a", "b"], [["x", "1.0 +- 0.2"]], "note")
   assert text.splitlines()[:3] == ["| a | b |", "|---|---|", "| x | 1.0 +- 0.2 |"]
@@ -96,6 +115,9 @@ def test_render_every_table_and_the_plot_from_seed_files(tmp_path):
   medians = [s["table3"]["medians"]["realm_gold"] for s in seeds]
   assert f"{statistics.fmean(medians):.3g}" in (tmp_path / "table3.md").read_text()
   assert "REALM vs baseline (zero-shot R@5)" in (tmp_path / "table2.md").read_text()
+  d = tables.paired_difference([s["zero_shot"]["realm"]["hits"] for s in seeds],
+                               [s["zero_shot"]["ict"]["hits"] for s in seeds])
+  assert f"- REALM - ICT: {100 * d['mean']:+.1f} points" in (tmp_path / "table2.md").read_text()
   assert "3 seed(s) (0, 1, 2)" in (tmp_path / "table1.md").read_text()
   assert (tmp_path / "staleness.png").read_bytes()[:4] == b"\x89PNG"
 
