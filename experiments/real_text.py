@@ -390,8 +390,14 @@ class Budget:
   lr 1e-5, 100k steps, the checkpoint by dev exact match. Here (defaults, chosen from measured
   per-step times on 2 CPU cores; experiments/NOTES.md section 18): MiniLM-L6 towers and reader,
   and what is cut is what the flags say.
+
+  Measured (a few steps each, 2 cores shared with another CPU-bound run, so the wall times
+  there were 2-4x an idle machine's): an ICT step of these defaults 7.3 CPU-seconds (batch 32,
+  blocks 128, queries 64), an Open-QA step 6.0 CPU-seconds (batch 4, beam 5, reader 192),
+  i.e. ~4.4 and ~3.6 s of wall time on 2 idle cores (CPU seconds / 2, plus 20% for what does
+  not parallelize). The plan and its totals: experiments/NOTES.md section 18.
   """
-  ict_steps: int = 300
+  ict_steps: int = 250
   ict_batch_size: int = 32
   ict_query_seq_length: int = 64
   ict_block_seq_length: int = 128
@@ -476,16 +482,12 @@ def train_lengths(steps: int, validations: int = 1) -> List[str]:
           f"trainer.summary_interval={loop}"]
 
 
-def train_ict(work: str, vocab_file: str, budget: Budget, seed: int) -> Dict:
-  """ICT (``realm-train --experiment=ict_cpu``'s task and trainer, in this process) from the
-  converted MiniLM (``task.init_checkpoint``): both towers the one MiniLM, its projection the
-  untrained row's, on ``ict_examples/``, at ``budget``'s sizes; into ``ict_model/``."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
+def ict_params(work: str, vocab_file: str, budget: Budget, seed: int,
+               extra: Sequence[str] = ()):
+  """The ICT experiment (``realm-train --experiment=ict_cpu``) from the converted MiniLM
+  (``task.init_checkpoint``): both towers the one MiniLM, its projection the untrained row's,
+  on ``ict_examples/``, at ``budget``'s sizes; ``extra``: more overrides, last."""
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  model_dir = os.path.join(work, "ict_model")
   overrides = [
       f"task.vocab_file={vocab_file}",
       f"task.init_checkpoint={os.path.join(work, 'minilm_model')}",
@@ -495,10 +497,21 @@ def train_ict(work: str, vocab_file: str, budget: Budget, seed: int) -> Dict:
       f"task.model.query_seq_length={budget.ict_query_seq_length}",
       f"task.model.block_seq_length={budget.ict_block_seq_length}",
       "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate="
-      f"{budget.ict_learning_rate}"] + train_lengths(budget.ict_steps)
-  params = configs.load_experiment(
+      f"{budget.ict_learning_rate}"] + train_lengths(budget.ict_steps) + list(extra)
+  return configs.load_experiment(
       "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__real_text.yaml"), encoder_yaml(work, "ict")],
       ",".join(overrides))
+
+
+def train_ict(work: str, vocab_file: str, budget: Budget, seed: int) -> Dict:
+  """ICT (``ict_params``: the ICT task and trainer of ``realm-train``, in this process) into
+  ``ict_model/``."""
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
+  model_dir = os.path.join(work, "ict_model")
+  params = ict_params(work, vocab_file, budget, seed)
   tf_keras.utils.set_random_seed(seed)
   start = time.time()
   logs = train_lib.run_experiment(params, model_dir, mode="train")
@@ -586,10 +599,11 @@ def qa_subset(work: str, split: str, count: int, seed: int,
 
 
 def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_file: str,
-                  block_seq_length: int):
+                  block_seq_length: int, extra: Sequence[str] = ()):
   """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the ICT towers' query
   tower, MiniLM's reader, the frozen ``ict_index/``, SQuAD's training questions, ``dev_file``
-  for validation (the best checkpoint by dev exact match in ``best_ckpt/``)."""
+  for validation (the best checkpoint by dev exact match in ``best_ckpt/``); ``extra``: more
+  overrides, last."""
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   query_length = model_dir_lib.load_config(
@@ -612,7 +626,7 @@ def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_fil
       f"task.reader_beam_size={budget.reader_beam_size}",
       "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate="
       f"{budget.openqa_learning_rate}",
-  ] + train_lengths(budget.openqa_steps, budget.openqa_validations)
+  ] + train_lengths(budget.openqa_steps, budget.openqa_validations) + list(extra)
   return configs.load_experiment(
       "openqa_cpu", [os.path.join(CONFIG_DIR, "openqa_cpu__real_text.yaml"),
                      encoder_yaml(work, "openqa")], ",".join(overrides))
