@@ -1,4 +1,4 @@
-r"""Retrieval on real text: BM25 and the untrained MiniLM tower, on Wikipedia and SQuAD.
+r"""Real text: BM25, MiniLM untrained and ICT-trained, and Open-QA, on Wikipedia and SQuAD.
 
   python -m experiments.real_text --output_dir=real_text_out            # the real size
   python -m experiments.real_text --output_dir=tiny --max_articles=4 --max_paragraphs=4 \
@@ -34,10 +34,17 @@ printing one line with the time it took:
 3. ``bm25/``: the top 20 blocks of each test question and its recall;
 4. ``minilm_model/`` (the converted model directory), ``minilm/``: embeddings, top 20, recall
    (``--nominilm`` leaves them out: the encoder over every block is the slow part on a CPU);
-5. ``results/real_text_retrieval.md`` and ``.csv``: one row per retriever.
+5. ``ict_examples/``, ``ict_model/`` (ICT from the converted MiniLM: ``ict_params``),
+   ``ict/`` and ``ict_index/``: the ICT tower's recall and its frozen index (``--noict``: not run);
+6. ``minilm_reader_model/``, ``openqa/`` (ORQA's fine-tuning, best checkpoint on dev:
+   ``openqa_params``), ``openqa_eval/`` (``realm-eval``'s evaluation on the test sample)
+   (``--noopenqa``: not run);
+7. ``results/real_text_retrieval.{md,csv}`` (one row per retriever, 95% Wilson intervals over
+   the questions) and ``results/real_text_openqa.{md,csv}``.
 
-Pending: ICT, REALM and Open-QA on this corpus (trained retrievers and the reader); only the
-untrained baselines above run now.
+The trained stages' sizes are ``Budget``'s (flags ``--ict_*``, ``--openqa_*``, ...): ORQA's
+recipe cut to fit about 100 minutes on 2 cores (experiments/NOTES.md section 18). REALM
+pre-training is not run on this corpus.
 """
 
 import csv
