@@ -169,6 +169,12 @@ class RealmIndexBinaryTest(tf.test.TestCase):
     run("embed", f"--embeddings_dir={root}/emb", "--shard_index=1", "--num_shards=2")
     run("embed", f"--embeddings_dir={root}/emb", "--shard_index=0", "--num_shards=2")
     self.assertIn("step-5", run("build", f"--embeddings_dir={root}/emb"))
+    # Built from the shards, the index still records the tower that embedded them (updates
+    # embed new blocks with it).
+    recorded = mips_index.read_manifest(publish.read_latest(f"{root}/index"))["block_tower"]
+    self.assertEqual(recorded["step"], 5)
+    self.assertEqual(recorded["fingerprint"], refresher.block_tower_fingerprint(
+        f"{root}/model", recorded["checkpoint"]))
     out = run("search", "--query=capital of france", "--query=science", "--k=3")
     self.assertIn("model step 5, 3 blocks", out)
     self.assertEqual(out.count("query: "), 2)

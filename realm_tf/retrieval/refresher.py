@@ -368,8 +368,9 @@ class Refresher:
     Args:
       checkpoint_path: the checkpoint to index.
       embeddings: the corpus already embedded with this checkpoint (e.g. merged from
-        ``realm-index embed`` shards); the corpus is then not embedded again and only the query
-        tower is restored.
+        ``realm-index embed`` shards); the corpus is then not embedded again. The block tower is
+        still restored and recorded when the checkpoint has one, so that later updates embed
+        new blocks with it.
       embeddings_file: the same as a ``[num_blocks, projection_size]`` ``.npy`` file (e.g. an
         ORQA model's ``block_emb.npy``); checked by :func:`load_embeddings_file`.
     """
@@ -385,7 +386,8 @@ class Refresher:
       embeddings = load_embeddings_file(embeddings_file, num_blocks,
                                         config.retriever.projection_size, self.blocks_dir)
     self._build_towers()
-    self._restore(checkpoint_path, block_tower=embeddings is None)
+    self._restore(checkpoint_path, block_tower=(
+        embeddings is None or has_block_tower(self.config, checkpoint_path)))
     restored = time.time()
     if embeddings is None:
       table = self.embed_rows(self.blocks_manifest)
