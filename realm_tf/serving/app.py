@@ -161,6 +161,18 @@ class _BodyTooLarge(starlette_exceptions.HTTPException, project_errors.RealmErro
   on while it reads a body: the app's handler answers it)."""
 
 
+class _WatchedSend:
+  """An ASGI ``send`` that notes whether the response has started: after that, an error can
+  no longer be answered with a response of its own."""
+
+  def __init__(self, send):
+    self.send, self.started = send, False
+
+  async def __call__(self, event):
+    self.started = self.started or event["type"] == "http.response.start"
+    await self.send(event)
+
+
 class _LimitBody:
   """Pure ASGI middleware: a request whose body is over ``max_bytes`` gets 413. A
   ``Content-Length`` over it is refused before the body is read; otherwise the bytes are
@@ -177,7 +189,7 @@ class _LimitBody:
     length = datastructures.Headers(scope=scope).get("content-length")
     if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
       return await _error(413, message)(scope, receive, send)
-    received, started = 0, False
+    received, watched = 0, _WatchedSend(send)
 
     async def counted():
       nonlocal received
@@ -188,15 +200,10 @@ class _LimitBody:
           raise _BodyTooLarge(413, message)
       return event
 
-    async def watched(event):
-      nonlocal started
-      started = started or event["type"] == "http.response.start"
-      await send(event)
-
     try:
       await self.app(scope, counted, watched)
     except _BodyTooLarge:  # Read outside FastAPI's body parsing (which answers it itself).
-      if started:
+      if watched.started:
         raise
       await _error(413, message)(scope, receive, send)
 
@@ -211,18 +218,12 @@ class _InternalErrors:
   async def __call__(self, scope, receive, send):
     if scope["type"] != "http":
       return await self.app(scope, receive, send)
-    started = False
-
-    async def watched(event):
-      nonlocal started
-      started = started or event["type"] == "http.response.start"
-      await send(event)
-
+    watched = _WatchedSend(send)
     try:
       await self.app(scope, receive, watched)
     except Exception:  # pylint: disable=broad-except
       logging.exception("realm-serve: %s %s failed", scope["method"], scope["path"])
-      if started:  # Too late for a response: the server closes the connection.
+      if watched.started:  # Too late for a response: the server closes the connection.
         raise
       await _error(500, _INTERNAL)(scope, receive, send)
 
