@@ -89,6 +89,16 @@ def checkpoint_step(path: str) -> int:
   return int(path.rsplit("-", 1)[-1])
 
 
+def trained_step(path: str) -> int:
+  """The training step a checkpoint was saved at: its ``global_step`` variable when it has one
+  (``best_ckpt/best_ckpt-N``'s N counts exports, not steps), else the number in its name."""
+  try:
+    return int(tf.train.load_checkpoint(path).get_tensor(
+        "global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+  except (tf.errors.NotFoundError, ValueError):  # No such variable (e.g. a converted model).
+    return checkpoint_step(path)
+
+
 def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
   """Restores exactly ``items`` (e.g. ``block_embedder=model``) from a checkpoint.
 

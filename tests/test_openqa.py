@@ -610,7 +610,9 @@ def test_end_to_end_train_eval_and_answer(trained):
   with open(os.path.join(model_dir, "best_ckpt", "info.json")) as f:
     info = json.load(f)
   assert "exact_match" in info and info["best_ckpt_global_step"] in (2, 4)
-  assert tf.train.latest_checkpoint(os.path.join(model_dir, "best_ckpt"))
+  best = tf.train.latest_checkpoint(os.path.join(model_dir, "best_ckpt"))
+  assert model_dir_lib.trained_step(best) == info["best_ckpt_global_step"]  # not best_ckpt-N
+  assert model_dir_lib.trained_step(os.path.join(model_dir, "ckpt-4")) == 4
   # The fine-tuned model dir no longer shares its towers; the query tower started from the
   # REALM model's.
   assert not model_dir_lib.load_config(model_dir).retriever.share_embedders

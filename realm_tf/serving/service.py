@@ -172,7 +172,7 @@ class QAService:
     self.model = qa.model
     self.config = model_dir_lib.load_config(model_dir)
     self.checkpoint = qa.checkpoint
-    self.model_step = model_dir_lib.checkpoint_step(qa.checkpoint)
+    self.model_step = model_dir_lib.trained_step(qa.checkpoint)
     self.reader_beam_size = reader_beam_size
     self.max_batch, self.max_in_flight = max_batch, max_in_flight
     self.timeout_seconds, self.poll_seconds = timeout_seconds, poll_seconds
