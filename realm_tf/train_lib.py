@@ -41,6 +41,7 @@ from official.modeling import performance
 from realm_tf import configs
 from realm_tf import health
 from realm_tf import model_dir as model_dir_lib
+from realm_tf.modeling import precision
 
 MODES = ("train", "eval", "train_and_eval", "continuous_eval")
 
@@ -138,7 +139,8 @@ def persist_health_baselines(task, model_dir: str):
 @contextlib.contextmanager
 def precision_policy(dtype: Optional[str]):
   """Keras's global policy for ``runtime.mixed_precision_dtype`` within the block:
-  ``bfloat16`` computes in that type with float32 variables.
+  ``bfloat16`` computes in that type with float32 variables, and bias gradients accumulate in
+  float32 (``modeling.precision``: TensorFlow's CPU kernel sums them in bfloat16).
 
   Raises ConfigError for ``float16``: it needs loss scaling, which the tasks' own
   ``train_step`` does not do (Model Garden's does), so small gradients would underflow to 0;
@@ -147,6 +149,8 @@ def precision_policy(dtype: Optional[str]):
   if dtype == "float16":
     raise configs.ConfigError("runtime.mixed_precision_dtype=float16 is not supported (no loss "
                               "scaling); use bfloat16 or float32")
+  if dtype == "bfloat16":
+    precision.accumulate_bias_gradients_in_float32()
   performance.set_mixed_precision_policy(dtype or "float32")
   try:
     yield
