@@ -64,9 +64,11 @@ def _say(message: str) -> None:
 
 
 def start_binary(args, log_path):
-  """Starts a realm_tf binary as its own process, logging to ``log_path``."""
+  """Starts a realm_tf binary as its own process, logging to ``log_path`` (unbuffered: its
+  printed lines and its log lines reach the file in the order they happen)."""
   log = open(log_path, "w")  # pylint: disable=consider-using-with
-  return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
+  return subprocess.Popen([sys.executable, "-u", "-m", *args], stdout=log,
+                          stderr=subprocess.STDOUT)
 
 
 def _wait(proc, name, log_path):

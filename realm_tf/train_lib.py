@@ -88,8 +88,44 @@ class RealmTrainer(base_trainer.Trainer):
     return logs
 
 
+class _EvalCheckpointManager(tf.train.CheckpointManager):
+  """For evaluation: restores the latest checkpoint without the training state that an
+  evaluation never builds (the optimizer's slots), so that TensorFlow does not list them as
+  'unrestored values' when the restore's status is deleted."""
+
+  def restore_or_initialize(self):
+    if self.latest_checkpoint is None:
+      return super().restore_or_initialize()
+    self.checkpoint.restore(self.latest_checkpoint).expect_partial()
+    return self.latest_checkpoint
+
+
+class _NoOrbitInfoCopy(logging.logging.Filter):
+  """Drops the absl copy of orbit's INFO lines: orbit's controller both logs and prints each
+  one (``train | step ...``, ``saved checkpoint ...``), so without it every line showed twice."""
+
+  def filter(self, record):
+    return not (record.levelno == logging.logging.INFO and
+                os.path.basename(os.path.dirname(record.pathname)) == "orbit" and
+                os.path.basename(record.pathname) == "controller.py")
+
+
+def _log_orbit_lines_once():
+  handler = logging.get_absl_handler()
+  if not any(isinstance(f, _NoOrbitInfoCopy) for f in handler.filters):
+    handler.addFilter(_NoOrbitInfoCopy())
+
+
 class RealmExperimentRunner(mg_train_lib.OrbitExperimentRunner):
   """``OrbitExperimentRunner`` with REALM's model-directory contract (see module doc)."""
+
+  def _maybe_build_checkpoint_manager(self) -> Optional[tf.train.CheckpointManager]:
+    manager = super()._maybe_build_checkpoint_manager()
+    if manager is None or "train" in self._mode:
+      return manager
+    return _EvalCheckpointManager(self.trainer.checkpoint, directory=manager.directory,
+                                  max_to_keep=None, step_counter=self.trainer.global_step,
+                                  init_fn=self.trainer.initialize)
 
   def _build_trainer(self, task, train: bool, evaluate: bool) -> base_trainer.Trainer:
     with self.strategy.scope():
@@ -185,6 +221,7 @@ def run_experiment(params, model_dir: str, mode: str = "train",
   """
   if mode not in MODES:
     raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+  _log_orbit_lines_once()
   with precision_policy(params.runtime.mixed_precision_dtype):
     strategy = strategy or get_strategy(params)
     task = task or task_factory.get_task(params.task, logging_dir=model_dir)

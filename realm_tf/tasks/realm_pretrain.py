@@ -377,9 +377,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     logs = {k: float(v) for k, v in logs.items() if np.ndim(v) == 0}
     extra = self._health.check(phase, step, logs)
     if phase == "validation":
-      line = self._health.summary_line(step, logs, extra)
-      logging.info("%s", line)
-      print(line, flush=True)
+      print(self._health.summary_line(step, logs, extra), flush=True)   # once, as orbit's
     return extra
 
   def forward(self, inputs, model, metrics, training: bool):
