@@ -138,7 +138,8 @@ class RealmPretrainTask(base.RealmBaseTask):
     if handle is None:
       handle = IndexHandle(cfg.index_dir, expected_fingerprint=manifest["fingerprint"],
                            expected_dim=cfg.model.retriever.projection_size,
-                           wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index)
+                           wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index,
+                           poll_seconds=cfg.index_poll_seconds)
       handle.wait_for_first()
     return self.builder_over(blocks_dir, handle)
 
@@ -224,7 +225,8 @@ class RealmPretrainTask(base.RealmBaseTask):
       store, groups = self._device_corpus()
       handle = IndexHandle(cfg.index_dir, expected_fingerprint=store.fingerprint,
                            expected_dim=cfg.model.retriever.projection_size,
-                           wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index)
+                           wait_seconds=cfg.index_wait_seconds, watch=cfg.refresh_index,
+                           poll_seconds=cfg.index_poll_seconds)
       handle.wait_for_first()
       self._device = device_retrieval.DeviceRetriever(store, cfg.model, store.cls_id,
                                                       store.sep_id, groups=groups)
