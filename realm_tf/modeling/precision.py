@@ -5,11 +5,12 @@ TensorFlow's CPU kernel for ``BiasAddGrad`` (the gradient of ``tf.nn.bias_add``,
 bfloat16 gradient in bfloat16. Each addition then rounds to 8 bits of mantissa, and once the
 running sum is large the small terms after it vanish. The span scorer's output bias is the
 extreme case: its exact gradient is 0 (the reader's softmax is unchanged by a shift of all
-span scores), a sum of one ``-1/b`` per question and thousands of small probabilities. Over
-the check's 4 x 4 x 192 span rows the kernel returned 0.025 where the sum of the same bfloat16
-terms is 4e-4 (``tests/test_precision.py``). XLA, and ``tf.reduce_sum`` on CPU, accumulate
-bfloat16 in float32 and get it right; on a TPU the step is compiled, so only uncompiled CPU
-steps are hit.
+span scores), a sum of one ``-1/b`` per question and thousands of small probabilities. In
+``test_tpu_readiness``'s bfloat16 check the uncompiled step gave it a gradient of 0.025 (float32:
+1e-8); on 960 softmax-like rows whose bfloat16 terms sum to -4e-4 the kernel returned -0.034.
+``tf.reduce_sum`` accumulates bfloat16 in float32 on CPU. XLA on CPU got the 960 rows right but
+lost the small terms of ``tests/test_precision.py``'s 3,000 rows too, so compiled steps are
+covered as well.
 
 ``accumulate_bias_gradients_in_float32`` replaces the registered gradient of ``BiasAdd`` with
 one that, for bfloat16 and float16 gradients, sums in float32 and casts back; float32 and
