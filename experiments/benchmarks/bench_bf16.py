@@ -228,12 +228,7 @@ def main(argv):
   if FLAGS.onednn_check:
     print(onednn_report(), flush=True)
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="bench_bf16_")
-  vocab, n, dirs, ict_dir, index_dir = bench_train_loop.prepare(work)
-  base = [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
-          f"task.model.reader.encoder.vocab_size={n}",
-          f"task.train_data.input_path={os.path.join(dirs['pretrain'], 'train-*')}",
-          f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
-          "task.refresh_index=false", f"task.retriever_init_checkpoint={ict_dir}"]
+  base = bench_train_loop.task_overrides(*bench_train_loop.prepare(work))
   # Token ids only: the same batches feed the wider model (its towers start at random; the
   # index's query-tower snapshot, which retrieves them, is the narrow ICT one).
   batches = feature_batches(params_for(base, "float32", False, True), FLAGS.num_batches)

@@ -69,17 +69,23 @@ def prepare(work):
   return vocab, n, dirs, ict_dir, index_dir
 
 
+def task_overrides(vocab, n, dirs, ict_dir, index_dir):
+  """The REALM task over ``prepare``'s outputs: its world, the never-refreshed index and the
+  ICT towers (the benchmarks' shared overrides)."""
+  return [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
+          f"task.model.reader.encoder.vocab_size={n}",
+          f"task.train_data.input_path={os.path.join(dirs['pretrain'], 'train-*')}",
+          f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
+          "task.refresh_index=false", f"task.retriever_init_checkpoint={ict_dir}"]
+
+
 def realm_params(vocab, n, dirs, ict_dir, index_dir, steps_per_loop):
   every = steps_per_loop
-  return configs.load_experiment("realm_pretrain_cpu", [CONFIG], ",".join([
-      f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
-      f"task.model.reader.encoder.vocab_size={n}",
-      f"task.train_data.input_path={os.path.join(dirs['pretrain'], 'train-*')}",
-      f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
-      "task.refresh_index=false", f"task.retriever_init_checkpoint={ict_dir}",
-      f"trainer.train_steps={FLAGS.steps}", f"trainer.steps_per_loop={every}",
-      f"trainer.summary_interval={every}", f"trainer.checkpoint_interval={FLAGS.steps}",
-      f"trainer.validation_interval={FLAGS.steps}"]))
+  return configs.load_experiment("realm_pretrain_cpu", [CONFIG], ",".join(
+      task_overrides(vocab, n, dirs, ict_dir, index_dir) + [
+          f"trainer.train_steps={FLAGS.steps}", f"trainer.steps_per_loop={every}",
+          f"trainer.summary_interval={every}", f"trainer.checkpoint_interval={FLAGS.steps}",
+          f"trainer.validation_interval={FLAGS.steps}"]))
 
 
 def old_loop(params) -> float:

@@ -87,13 +87,9 @@ def peak_gflops():
 def main(argv):
   del argv
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="profile_realm_step_")
-  vocab, n, dirs, ict_dir, index_dir = bench_train_loop.prepare(work)
-  base = [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
-          f"task.model.reader.encoder.vocab_size={n}",
-          f"task.train_data.input_path={os.path.join(dirs['pretrain'], 'train-*')}",
-          f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
-          "task.refresh_index=false", f"task.retriever_init_checkpoint={ict_dir}",
-          "task.model.num_candidates=16"]
+  prepared = bench_train_loop.prepare(work)
+  n = prepared[1]   # the vocabulary's size
+  base = bench_train_loop.task_overrides(*prepared) + ["task.model.num_candidates=16"]
   params = bench_bf16.params_for(base, "float32", False, True)
   batches = bench_bf16.feature_batches(params, 4)
   batch = batches[0]
@@ -115,35 +111,26 @@ def main(argv):
   model = task.build_model()
   task.initialize(model)
   flops = part_flops(params, b, masks, n)
-  towers = {
-      "query tower": (model.query_embedder, lambda f: models.tower_inputs(f, "query"),
-                      flops["query"]),
-      "block tower (b x k)": (model.block_embedder,
-                              lambda f: models.tower_inputs(f, "candidate"), flops["blocks"]),
-      "reader + MLM head (b x k)": (
-          None, None, flops["reader"]),
+  # Each part: its forward (the features -> its output) and the variables it trains.
+  parts = {
+      "query tower": (lambda f: model.query_embedder(models.tower_inputs(f, "query"),
+                                                     training=True),
+                      model.query_embedder.trainable_variables, flops["query"]),
+      "block tower (b x k)": (lambda f: model.block_embedder(
+          models.tower_inputs(f, "candidate"), training=True),
+                              model.block_embedder.trainable_variables, flops["blocks"]),
+      "reader + MLM head (b x k)": (lambda f: models.read_candidates(model.reader, f,
+                                                                     training=True),
+                                    model.reader.trainable_variables, flops["reader"]),
   }
-  for name, (tower, inputs_fn, fl) in towers.items():
-    if tower is None:
-      fwd = tf.function(lambda f: models.read_candidates(model.reader, f, training=True))
-      variables = model.reader.trainable_variables
-
-      def fwd_bwd(f, variables=variables):
-        with tf.GradientTape() as tape:
-          out = tf.reduce_sum(models.read_candidates(model.reader, f, training=True))
-        return [tf.convert_to_tensor(g) for g in tape.gradient(out, variables)
-                if g is not None]
-    else:
-      fwd = tf.function(lambda f, t=tower, i=inputs_fn: t(i(f), training=True))
-
-      def fwd_bwd(f, t=tower, i=inputs_fn):
-        with tf.GradientTape() as tape:
-          out = tf.reduce_sum(t(i(f), training=True))
-        return [tf.convert_to_tensor(g) for g in tape.gradient(out, t.trainable_variables)
-                if g is not None]
-    rows.append((name + ", forward", timed(fwd, (batch,), steps), fl))
-    rows.append((name + ", forward + backward", timed(tf.function(fwd_bwd), (batch,), steps),
-                 3 * fl))
+  for name, (forward, variables, fl) in parts.items():
+    def forward_backward(f, forward=forward, variables=variables):
+      with tf.GradientTape() as tape:
+        out = tf.reduce_sum(forward(f))
+      return [tf.convert_to_tensor(g) for g in tape.gradient(out, variables) if g is not None]
+    rows.append((name + ", forward", timed(tf.function(forward), (batch,), steps), fl))
+    rows.append((name + ", forward + backward",
+                 timed(tf.function(forward_backward), (batch,), steps), 3 * fl))
 
   optimizer = task.create_optimizer(params.trainer.optimizer_config, params.runtime)
   grads = [tf.zeros_like(v) for v in model.trainable_variables]
