@@ -4,24 +4,26 @@ r"""REALM vs ICT at CPU scale: one switch at a time, on the tables' world, with 
   python -m experiments.diagnose --list           # the variants and what each changes
 
 Each variant is a set of config overrides (every switch is a config field) applied to the
-tables' REALM pre-training run (``experiments/tables.py``: the same world, data, warm starts
-and schedule; a rerun into a tables output directory reuses them). Every run validates every
-``--validation_every`` steps, step 0 included, on the held-out masked sentences and on the
-**dev** questions (``qa_recall@5``; the test questions are never read here), beside its
-refresher. The summary table compares each variant's dev QA recall@5 at the end with its
-start (the ICT retriever's), with the retrieval-health signals (``realm_tf.health``) at the
-start and the end; ``diagnose.md``/``diagnose.csv``/``diagnose.png`` in ``--output_dir``.
+tables' REALM pre-training run (``experiments/table_seed.py``: the same world, data, warm starts
+and schedule; seed ``s`` of a variant starts from the tables' seed ``s`` warm starts in
+``--output_dir/seed<s>``, and a rerun into a tables output directory reuses them). Every run
+validates every ``--validation_every`` steps, step 0 included, on the held-out masked sentences
+and on the **dev** questions (``qa_recall@5``; the test questions are never read here), beside
+its refresher, ``--parallel`` runs at a time. The summary table compares each variant's dev QA
+recall@5 at the end with its start (the ICT retriever's), with the retrieval-health signals
+(``realm_tf.health``) at the start and the end; ``diagnose.md``/``diagnose.csv``/
+``diagnose.png`` in ``--output_dir``.
 """
 
 import json
 import os
-import time
 from typing import Dict, List
 
 from absl import flags
 
-from experiments import demo
-from experiments import tables
+from experiments import stages
+from experiments import table_seed
+from experiments import tables  # and its flags (--validation_every, --lr_retriever, ...)
 from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
@@ -63,6 +65,46 @@ def variant_warm(name: str, warm: Dict[str, str]) -> Dict[str, str]:
   """The warm starts of a variant: the tables' own, or the variant's replacements."""
   return dict(warm, **{stage: warm[r if isinstance(r, str) else r[0]]
                        for stage, r in VARIANTS[name][2].items()})
+
+
+def warm_starts(clock: stages.Clock, out: str, data: Dict, seed: int) -> Dict[str, str]:
+  """Seed ``seed``'s warm starts in ``out/seed<seed>``: the tables' (``table_seed.warm_starts``)
+  and the new ones of ``--variants`` (a stage of ``stages.warm_start_stages`` with more
+  overrides), trained with the same seed."""
+  base = os.path.join(out, f"seed{seed}")
+  warm = table_seed.warm_starts(clock, base, data, seed)
+  recipe = stages.warm_start_stages(data["files"]["vocab"], stages.reading_corpora(
+      base, data["reading"]), data["dirs"]["ict"])
+  more = {}
+  for name in FLAGS.variants:
+    for r in VARIANTS[name][2].values():
+      if not isinstance(r, str):
+        new, stage, overrides = r
+        experiment, steps, lr, yaml_files, recipe_overrides = recipe[stage]
+        more[new] = (experiment, steps, lr, yaml_files, list(recipe_overrides) + overrides)
+  done = stages.train_warm_starts(clock, base, more, seed=seed)
+  return dict(warm, **{name: model_dir for name, (model_dir, _) in done.items()})
+
+
+def run_dir(out: str, name: str, seed: int) -> str:
+  return os.path.join(out, "diagnose", f"{name}_s{seed}")
+
+
+def variant_jobs(out: str, data: Dict, warm: Dict[str, str], name: str,
+                 seed: int) -> List[stages.Job]:
+  """Variant ``name``'s REALM run of seed ``seed`` beside its refresher (the tables' ``realm``
+  run, validating every ``--validation_every`` steps, dev questions included, with the
+  variant's warm starts and overrides); nothing when it is finished."""
+  vocab, dirs = data["files"]["vocab"], data["dirs"]
+  model_dir = run_dir(out, name, seed)
+  warm = variant_warm(name, warm)
+  where = stages.PretrainData(dirs["pretrain_salient"], dirs["blocks"], dirs["pretrain_salient"])
+  overrides = stages.realm_overrides(
+      vocab, where, model_dir + "_index", warm["ict"], warm["bert"],
+      validate_every=FLAGS.validation_every, seed=seed, qa_eval=data["files"]["qa_dev"])
+  overrides = ",".join([overrides, f"task.lr_retriever={FLAGS.lr_retriever}",
+                        *VARIANTS[name][1]])
+  return stages.realm_jobs(model_dir, overrides, dirs["blocks"], validate=True)
 
 
 SHOWN = ("qa_recall@5", "recall@5", "retrieval_utility", "retrieval_entropy_ratio", "p_null",
@@ -121,42 +163,37 @@ def main(argv):
   if unknown:
     raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  start = time.time()
+  clock = stages.Clock("diagnose")
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
-  data = tables.prepare(out)
-  extra_warm = {r[0]: r[1:] for name in FLAGS.variants for r in VARIANTS[name][2].values()
-                if not isinstance(r, str)}
-  warm = tables.warm_starts(out, data, extra_warm)
+  with clock.stage("data"):
+    data = table_seed.prepare(out)
+  seeds = range(FLAGS.diagnose_seeds)
+  with clock.stage("warm starts"):
+    warm = {seed: warm_starts(clock, out, data, seed) for seed in seeds}
   if FLAGS.warm_only:
     return
-  jobs = [(name, seed) for name in FLAGS.variants for seed in range(FLAGS.diagnose_seeds)]
-  todo = [(n, s) for n, s in jobs
-          if not model_dir_lib.training_done(os.path.join(out, "diagnose", f"{n}_s{s}"))]
-  for i in range(0, len(todo), FLAGS.parallel):
-    procs = []
-    for name, seed in todo[i:i + FLAGS.parallel]:
-      procs += tables.start_pretrain(os.path.join(out, "diagnose", f"{name}_s{seed}"), data,
-                                     variant_warm(name, warm), seed, extra=VARIANTS[name][1])
-    tables.say(f"diagnose: {', '.join(f'{n} (seed {s})' for n, s in todo[i:i + FLAGS.parallel])}")
-    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
-  runs: Dict[str, Dict[int, Dict[str, List]]] = {}
-  for name, seed in jobs:
-    runs.setdefault(name, {})[seed] = tables.read_validation_curves(
-        os.path.join(out, "diagnose", f"{name}_s{seed}"))
+  runs = [(name, seed) for name in FLAGS.variants for seed in seeds]
+  jobs = [job for name, seed in runs for job in variant_jobs(out, data, warm[seed], name, seed)]
+  if jobs:
+    clock.say(f"{', '.join(j.name for j in jobs if not j.follower)} ({FLAGS.realm_steps} "
+              f"steps each, {FLAGS.parallel} at a time); logs in {out}/diagnose/<run>.*.log")
+    with clock.stage("pre-training"):
+      stages.run_side_by_side(clock, "diagnose", jobs, parallel=FLAGS.parallel)
+  curves: Dict[str, Dict[int, Dict[str, List]]] = {}
+  for name, seed in runs:
+    curves.setdefault(name, {})[seed] = model_dir_lib.read_summaries(
+        run_dir(out, name, seed), "validation")
   with open(os.path.join(out, "diagnose.json"), "w") as f:
-    json.dump(runs, f, indent=1)
-  print(summarize(out, runs))
-  plot(out, runs)
-  tables.say(f"diagnose finished in {(time.time() - start) / 60:.1f} min")
+    json.dump(curves, f, indent=1)
+  print(summarize(out, curves))
+  plot(out, curves)
+  clock.say(clock.summary())
 
 
 def run():
-  for name, value in (("world_scale", 5.0), ("realm_steps", 500), ("openqa_steps", 300),
-                      ("reading_steps", 6000), ("refresh_every", 10),
-                      ("output_dir", "tables_out")):
-    FLAGS.set_default(name, value)
+  # The tables' settings (the demo's knobs: NOTES section 17) and their output directory.
+  FLAGS.set_default("output_dir", "tables_out")
   cli.run_main(main)
 
 

@@ -39,7 +39,7 @@ from typing import Dict, List, Sequence
 
 from absl import flags
 
-from experiments import demo
+from experiments import stages
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +70,7 @@ CODE_FILES = ("data_prep/*.py", "realm_tf/modeling/*.py", "realm_tf/tasks/*.py",
               "realm_tf/data/answers.py", "realm_tf/data/block_store.py",
               "realm_tf/data/qa.py", "realm_tf/retrieval/candidates.py",
               "realm_tf/retrieval/brute_force.py", "realm_tf/retrieval/corpus_embedding.py",
-              "realm_tf/retrieval/device_retrieval.py", "experiments/demo.py",
+              "realm_tf/retrieval/device_retrieval.py", "experiments/stages.py",
               "experiments/table_seed.py")
 CONFIG_FILES = ("reader_read_cpu__demo.yaml", "ict_cpu__demo.yaml",
                 "realm_pretrain_cpu__demo.yaml", "openqa_cpu__demo.yaml")
@@ -79,7 +79,8 @@ SETTING_FLAGS = ("world_seed", "world_scale", "reading_worlds", "reading_steps",
                  "distractor_steps", "distractors", "ict_steps", "ict_learning_rate",
                  "realm_steps", "realm_learning_rate", "refresh_every", "openqa_steps",
                  "openqa_learning_rate", "qa_test_fraction", "eval_fraction", "staleness",
-                 "validation_every", "news_share", "lr_retriever", "table3_examples")
+                 "validation_every", "news_share", "lr_retriever", "table3_examples",
+                 "precision")
 
 
 def say(message: str) -> None:
@@ -103,7 +104,7 @@ def settings() -> Dict:
   out["rows"] = {k: list(v) for k, v in ROWS.items()}
   out["pretrain_runs"] = {k: list(v) for k, v in PRETRAIN_RUNS.items()}
   for name in CONFIG_FILES:
-    with open(os.path.join(demo.CONFIG_DIR, name)) as f:
+    with open(os.path.join(stages.CONFIG_DIR, name)) as f:
       out[f"yaml:{name}"] = f.read()
   return out
 
@@ -133,7 +134,7 @@ def prepare(out: str) -> Dict:
   from data_prep import pretrain_examples  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
   seed = FLAGS.world_seed
-  world = demo.make_world(seed, seed, FLAGS.world_scale)
+  world = stages.make_world(seed, seed, FLAGS.world_scale)
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True,
                                       qa_test_fraction=FLAGS.qa_test_fraction,
@@ -152,10 +153,7 @@ def prepare(out: str) -> Dict:
   news = pipeline.prepare_all(files["news"], files["vocab"], os.path.join(out, "news"),
                               patterns_file=files["patterns"], source_corpus="news", **common)
   dirs["pretrain_news"] = news["dirs"]["pretrain"]
-  reading = demo.prepare_reading_worlds(
-      out, files["vocab"], [demo.make_world(seed + i, seed, FLAGS.world_scale)
-                            for i in range(1, FLAGS.reading_worlds + 1)], seed,
-      block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
+  reading = stages.prepare_reading_worlds(out, files["vocab"], stages.reading_worlds(seed), seed)
   subject = {q["question"]: f["subject"] for q, f in synthetic_world.qa_facts(world)}
   with open(files["qa_test"]) as f:
     test = [json.loads(line)["question"] for line in f if line.strip()]
@@ -173,90 +171,44 @@ def prepare(out: str) -> Dict:
 
 
 # ---------------------------------------------------------------------------- warm starts --
-def warm_starts(out: str, data: Dict, seed: int) -> Dict[str, str]:
-  """This seed's "BERT" reader and ICT retriever (``demo.warm_start_stages``, each stage's
-  data order seeded and TensorFlow's global seed set to ``seed`` before it), under ``out``:
-  ``{"bert": the reader REALM and the baseline start from, "ict": ..., and the stages}``."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  stages = demo.warm_start_stages(data["files"]["vocab"], demo.reading_corpora(
-      out, data["reading"]), data["dirs"]["ict"])
-  dirs = {}
-  for name, (experiment, steps, lr, yamls, overrides) in stages.items():
-    tf_keras.utils.set_random_seed(seed)
-    one = {name: (experiment, steps, lr, yamls,
-                  list(overrides) + [f"task.train_data.seed={seed}"])}
-    dirs.update({n: d for n, (d, _) in demo.train_warm_starts(out, one).items()})
+def warm_starts(clock, out: str, data: Dict, seed: int) -> Dict[str, str]:
+  """This seed's "BERT" reader and ICT retriever (``stages.warm_start_stages``, each stage's
+  data order and TensorFlow's global seed set to ``seed``), under ``out``: ``{"bert": the
+  reader REALM and the baseline start from, "ict": ..., and the stages}``."""
+  corpora = stages.reading_corpora(out, data["reading"])
+  done = stages.train_warm_starts(clock, out, stages.warm_start_stages(
+      data["files"]["vocab"], corpora, data["dirs"]["ict"]), seed=seed)
+  dirs = {name: model_dir for name, (model_dir, _) in done.items()}
   dirs["bert"] = dirs["reader" if "reader" in dirs else "reader_read"]
   return dirs
 
 
 # ------------------------------------------------------------------------- pre-training --
-def pretrain_overrides(data, examples, index_dir, seed, warm, plotted):
+def pretrain(clock, base: str, data: Dict, warm: Dict[str, str], seed: int) -> Dict[str, str]:
+  """This seed's REALM pre-training runs (``PRETRAIN_RUNS``) side by side, each beside its
+  refresher (the stale run's builds at most every ``staleness x refresh_every`` steps); the
+  ``PLOTTED`` runs validate every ``--validation_every`` steps, dev questions included.
+  Returns their dirs."""
   vocab, dirs = data["files"]["vocab"], data["dirs"]
-  n = demo.vocab_size(vocab)
-  every = FLAGS.refresh_every
-  overrides = [
-      f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
-      f"task.model.reader.encoder.vocab_size={n}",
-      f"task.train_data.input_path={os.path.join(dirs[f'pretrain_{examples}'], 'train-*')}",
-      f"task.train_data.blocks_dir={dirs['blocks']}", f"task.train_data.seed={seed}",
-      # Every run validates on the encyclopedia's held-out sentences (salient spans).
-      f"task.validation_data.input_path={os.path.join(dirs['pretrain_salient'], 'eval-*')}",
-      f"task.validation_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
-      f"task.retriever_init_checkpoint={warm['ict']}",
-      f"task.reader_init_checkpoint={warm['bert']}",
-      f"task.lr_retriever={FLAGS.lr_retriever}",
-      f"trainer.checkpoint_interval={every}", f"trainer.summary_interval={every}",
-      f"trainer.steps_per_loop={every}",
-      f"trainer.validation_interval={FLAGS.validation_every if plotted else every}",
-  ]
-  if plotted:
-    overrides.append(f"task.qa_eval_path={data['files']['qa_dev']}")
-  return ",".join(overrides + demo.schedule(FLAGS.realm_steps, FLAGS.realm_learning_rate))
-
-
-def start_pretrain(model_dir, data, warm, seed, examples, min_interval, plotted):
-  """Starts one REALM pre-training run in ``model_dir`` beside its refresher (its index in
-  ``model_dir + "_index"``, built at most every ``min_interval`` steps); returns the
-  ``(process, name, log)`` triples for ``demo.wait_all``."""
-  index_dir = model_dir + "_index"
-  name = os.path.basename(model_dir)
-  refresher_args = ["realm_tf.binaries.refresh", f"--model_dir={model_dir}",
-                    f"--index_dir={index_dir}", f"--blocks_dir={data['dirs']['blocks']}",
-                    "--poll_seconds=1", "--model_dir_wait_seconds=1800", "--keep=2",
-                    "--index_type=brute_force", "--progress=false",
-                    f"--min_step_interval={min_interval}"]
-  trainer_args = [
-      "realm_tf.binaries.train", "--experiment=realm_pretrain_cpu",
-      "--mode=" + ("train_and_eval" if plotted else "train"),
-      f"--config_file={os.path.join(demo.CONFIG_DIR, 'realm_pretrain_cpu__demo.yaml')}",
-      f"--model_dir={model_dir}",
-      "--params_override=" + pretrain_overrides(data, examples, index_dir, seed, warm, plotted)]
-  os.makedirs(os.path.dirname(model_dir), exist_ok=True)
-  procs = []
-  for binary, args in (("refresh", refresher_args), ("train", trainer_args)):
-    log = f"{model_dir}.{binary}.log"
-    procs.append((demo.start_binary(args, log), f"realm-{binary} ({name}, seed {seed})", log))
-  return procs
-
-
-def pretrain(base: str, data: Dict, warm: Dict[str, str], seed: int) -> Dict[str, str]:
-  """This seed's REALM pre-training runs (``PRETRAIN_RUNS``), side by side; their dirs."""
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  procs, dirs = [], {}
+  jobs, out = [], {}
   for name, (examples, interval) in PRETRAIN_RUNS.items():
-    model_dir = os.path.join(base, name)
-    dirs[name] = model_dir
-    if model_dir_lib.training_done(model_dir):
-      continue
-    min_interval = 0 if interval == 1 else FLAGS.refresh_every * FLAGS.staleness
-    procs += start_pretrain(model_dir, data, warm, seed, examples, min_interval,
-                            plotted=name in PLOTTED)
-  if procs:
-    say(f"seed {seed}: REALM pre-training {', '.join(PRETRAIN_RUNS)} "
-        f"({FLAGS.realm_steps} steps each, side by side)")
-    demo.wait_all(sorted(procs, key=lambda p: "refresh" in p[1]))
-  return dirs
+    model_dir = out[name] = os.path.join(base, name)
+    plotted = name in PLOTTED
+    where = stages.PretrainData(dirs[f"pretrain_{examples}"], dirs["blocks"],
+                                dirs["pretrain_salient"])
+    overrides = stages.realm_overrides(
+        vocab, where, model_dir + "_index", warm["ict"], warm["bert"],
+        validate_every=FLAGS.validation_every if plotted else None, seed=seed,
+        qa_eval=data["files"]["qa_dev"] if plotted else "") + (
+            f",task.lr_retriever={FLAGS.lr_retriever}")
+    jobs += stages.realm_jobs(
+        model_dir, overrides, dirs["blocks"], validate=plotted,
+        min_interval=0 if interval == 1 else FLAGS.refresh_every * FLAGS.staleness)
+  if jobs:
+    clock.say(f"seed {seed}: REALM pre-training {', '.join(PRETRAIN_RUNS)} "
+              f"({FLAGS.realm_steps} steps each, side by side); logs in {base}/<run>.*.log")
+    stages.run_side_by_side(clock, "REALM", jobs, FLAGS.parallel_runs)
+  return out
 
 
 # ------------------------------------------------------------------------------ Open-QA --
@@ -264,61 +216,21 @@ def slug(label: str) -> str:
   return "openqa_" + "".join(c if c.isalnum() else "_" for c in label.lower()).strip("_")
 
 
-def finetune(base: str, data: Dict, sources: Dict[str, str], seed: int) -> Dict[str, Dict]:
-  """The Open-QA rows (``ROWS``) side by side, each against a frozen brute-force index of its
-  retriever's block tower; label -> {"em", "top_5_match" (fine-tuned), "zero_shot_recall_at_5"
-  (the initialization's top-5 match), "questions"}."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
-  files, vocab = data["files"], data["files"]["vocab"]
-  config_file = os.path.join(demo.CONFIG_DIR, "openqa_cpu__demo.yaml")
-  indexes = {}
-  for retriever, _ in ROWS.values():
-    if retriever not in indexes:
-      indexes[retriever] = os.path.join(base, f"openqa_index_{retriever}")
-      if not tf.io.gfile.exists(os.path.join(indexes[retriever], "LATEST")):
-        refresher.build_index_for_checkpoint(
-            None, sources[retriever], data["dirs"]["blocks"], indexes[retriever],
-            options=refresher.BuildOptions(index_type="brute_force", progress=False))
-
-  def overrides(label, split):
-    retriever, reader = ROWS[label]
-    return demo.openqa_overrides(vocab, indexes[retriever], files["qa_train"], files[split],
-                                 sources[retriever], sources[reader]) + (
-                                     f",task.train_data.seed={seed}")
-
-  procs = []
+def finetune(clock, base: str, data: Dict, sources: Dict[str, str], seed: int) -> Dict:
+  """The Open-QA rows (``ROWS``) side by side (``stages.openqa_rows``); label -> {"em",
+  "top_5_match" (fine-tuned), "zero_shot_recall_at_5" (the initialization's top-5 match),
+  "questions"}."""
+  runs = {slug(label): pair for label, pair in ROWS.items()}
+  done = stages.openqa_rows(clock, base, runs, sources, data["files"], data["dirs"]["blocks"],
+                            seed=seed)
+  results = {}
   for label in ROWS:
-    model_dir = os.path.join(base, slug(label))
-    if model_dir_lib.training_done(model_dir):
-      continue
-    log = model_dir + ".train.log"
-    procs.append((demo.start_binary(["realm_tf.binaries.train", "--experiment=openqa_cpu",
-                                     "--mode=train_and_eval", f"--config_file={config_file}",
-                                     f"--model_dir={model_dir}",
-                                     "--params_override=" + overrides(label, "qa_dev")], log),
-                  f"realm-train ({label}, seed {seed})", log))
-  if procs:
-    say(f"seed {seed}: Open-QA fine-tuning of {len(procs)} rows side by side "
-        f"({FLAGS.openqa_steps} steps each)")
-    demo.wait_all(procs)
-  results, zero_shot = {}, {}
-  for label, (retriever, _) in ROWS.items():
-    params = configs.load_experiment("openqa_cpu", [config_file], overrides(label, "qa_test"))
-    if retriever not in zero_shot:
-      # An empty model directory evaluates the initialization: zero-shot retrieval.
-      start_dir = os.path.join(base, f"openqa_start_{retriever}")
-      tf.io.gfile.makedirs(start_dir)
-      zero_shot[retriever] = train_lib.run_experiment(params, start_dir, mode="eval")
-    after = train_lib.run_experiment(params, os.path.join(base, slug(label)), mode="eval")
+    before, after = done[slug(label)]["before"], done[slug(label)]["after"]
     results[label] = dict(em=after["official_exact_match"], top_5_match=after["top_5_match"],
-                          zero_shot_recall_at_5=zero_shot[retriever]["top_5_match"],
+                          zero_shot_recall_at_5=before["top_5_match"],
                           questions=after["questions"])
-    say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
-        f"{results[label]['zero_shot_recall_at_5']:.3f}")
+    clock.say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
+              f"{results[label]['zero_shot_recall_at_5']:.3f}")
   return results
 
 
@@ -328,9 +240,9 @@ def realm_task(data: Dict, qa_path: str = ""):
   from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   vocab, dirs = data["files"]["vocab"], data["dirs"]
-  n = demo.vocab_size(vocab)
+  n = stages.vocab_size(vocab)
   params = configs.load_experiment(
-      "realm_pretrain_cpu", [os.path.join(demo.CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
+      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
       ",".join([f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
                 f"task.model.reader.encoder.vocab_size={n}",
                 f"task.validation_data.input_path={os.path.join(dirs['pretrain'], 'eval-*')}",
@@ -434,39 +346,32 @@ def run_seed(out: str, results_dir: str, seed: int) -> str:
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   config = settings()
   fingerprints = {"code": code_fingerprint(), "config": config_fingerprint(config)}
-  start, stages = time.time(), {}
-
-  def lap(name, t0):
-    stages[name] = round((time.time() - t0) / 60, 2)
-    say(f"seed {seed}: {name} done in {stages[name]:.1f} min")
-    return time.time()
-
-  t = time.time()
-  data = prepare(out)
-  t = lap("data", t)
+  clock = stages.Clock("tables")
+  with clock.stage("data"):
+    data = prepare(out)
   base = os.path.join(out, f"seed{seed}")
   os.makedirs(base, exist_ok=True)
-  warm = warm_starts(base, data, seed)
-  t = lap("warm starts", t)
-  realm_dirs = pretrain(base, data, warm, seed)
-  t = lap("pre-training", t)
+  with clock.stage("warm starts"):
+    warm = warm_starts(clock, base, data, seed)
+  with clock.stage("pre-training"):
+    realm_dirs = pretrain(clock, base, data, warm, seed)
   sources = dict(warm, **realm_dirs)
-  openqa = finetune(base, data, sources, seed)
-  t = lap("Open-QA", t)
-  zero_shot = {}
-  for retriever in dict.fromkeys(r for r, _ in ROWS.values()):
-    hits = zero_shot_by_question(data, sources[retriever])
-    zero_shot[retriever] = dict(split_by_coverage(hits, data), hits="".join(
-        "1" if h else "0" for h in hits))
-  t = lap("zero-shot by question", t)
-  table3 = table3_probabilities(data, realm_dirs["realm"], warm["bert"])
-  t = lap("Table 3", t)
+  with clock.stage("Open-QA"):
+    openqa = finetune(clock, base, data, sources, seed)
+  with clock.stage("zero-shot by question"):
+    zero_shot = {}
+    for retriever in dict.fromkeys(r for r, _ in ROWS.values()):
+      hits = zero_shot_by_question(data, sources[retriever])
+      zero_shot[retriever] = dict(split_by_coverage(hits, data), hits="".join(
+          "1" if h else "0" for h in hits))
+  with clock.stage("Table 3"):
+    table3 = table3_probabilities(data, realm_dirs["realm"], warm["bert"])
   curves = {name: model_dir_lib.read_summaries(realm_dirs[name], "validation")
             for name in PLOTTED}
   result = dict(
       seed=seed, fingerprints=fingerprints, settings={k: v for k, v in config.items()
                                                       if not k.startswith("yaml:")},
-      git_commit=git_commit(), minutes=round((time.time() - start) / 60, 1), stages=stages,
+      git_commit=git_commit(), minutes=round(clock.minutes(), 1), stages=clock.laps,
       world=dict(num_blocks=data["num_blocks"], test_questions=data["num_test_questions"],
                  held_out_sentences=data["num_held_out_sentences"],
                  news_sentences=data["num_news_sentences"]),
@@ -480,5 +385,5 @@ def run_seed(out: str, results_dir: str, seed: int) -> str:
   with open(path + ".tmp", "w") as f:
     json.dump(result, f, indent=1, default=float)
   os.replace(path + ".tmp", path)
-  say(f"seed {seed}: finished in {result['minutes']:.1f} min -> {path}")
+  clock.say(f"seed {seed}: {clock.summary()} -> {path}")
   return path

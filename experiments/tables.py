@@ -44,7 +44,7 @@ from typing import Dict, List, Sequence
 from absl import app
 from absl import flags
 
-from experiments import demo
+from experiments import stages  # noqa: F401  pylint: disable=unused-import (the recipe flags)
 from experiments import table_seed
 from realm_tf.binaries import cli
 

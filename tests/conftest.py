@@ -14,6 +14,7 @@ from data_prep import blocks as blocks_pipeline
 from data_prep import pipeline
 from data_prep import synthetic_world
 from experiments import demo
+from experiments import stages
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
@@ -127,13 +128,14 @@ def reader_dir(realm_world):
 @pytest.fixture(scope="session")
 def demo_world(tmp_path_factory):
   """``realm-demo``'s data as test_demo's run makes it (``demo.prepare_data`` at world scale
-  0.3, one reading world). Keys: ``out`` and prepare_data's ``world``, ``files``, ``prepared``
+  0.3, and ``stages.prepare_reading_worlds``: one reading world). Keys: ``out`` and prepare_data's ``world``, ``files``, ``prepared``
   (the demo world's manifests and ``dirs``) and ``reading`` (the reading worlds' dirs)."""
   out = str(tmp_path_factory.mktemp("demo"))
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()   # the demo's flags at their defaults, but these two
   with flagsaver.flagsaver(world_scale=0.3, reading_worlds=1):
-    world, files, prepared, reading = demo.prepare_data(out)
+    world, files, prepared = demo.prepare_data(out)
+    reading = stages.prepare_reading_worlds(out, files["vocab"], stages.reading_worlds(0), 0)
   return dict(out=out, world=world, files=files, prepared=prepared, reading=reading)
 
 

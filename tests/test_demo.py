@@ -12,6 +12,7 @@ import os
 import pytest
 
 from experiments import demo
+from experiments import stages
 from realm_tf import configs
 from realm_tf.data import manifests
 from realm_tf.tasks import openqa as openqa_task
@@ -47,20 +48,22 @@ def test_demo_data_and_stage_experiments(demo_world, tmp_path):
 
   out = str(tmp_path)
   realm = configs.load_experiment(
-      "realm_pretrain_cpu", [os.path.join(demo.CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
-      demo.realm_overrides(vocab, dirs, os.path.join(out, "realm_index"), 6, True,
-                           os.path.join(out, "ict"), os.path.join(out, "reader_read")))
+      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
+      stages.realm_overrides(vocab, stages.PretrainData(dirs["pretrain"], dirs["blocks"],
+                                                        dirs["pretrain"]),
+                             os.path.join(out, "realm_index"), os.path.join(out, "ict"),
+                             os.path.join(out, "reader_read")))
   model = realm.task.model
   assert model.retriever.query_seq_length == pretrain["query_seq_length"]
   assert model.retriever.block_seq_length == blocks["block_seq_length"]
   assert realm.task.train_data.blocks_dir == dirs["blocks"]
   task = realm_pretrain.RealmPretrainTask(realm.task)
-  assert task.model_dir_config()[0].reader.encoder.vocab_size == demo.vocab_size(vocab)
+  assert task.model_dir_config()[0].reader.encoder.vocab_size == stages.vocab_size(vocab)
   assert task.build_model().checkpoint_items
 
   qa = configs.load_experiment(
-      "openqa_cpu", [os.path.join(demo.CONFIG_DIR, "openqa_cpu__demo.yaml")],
-      demo.openqa_overrides(vocab, os.path.join(out, "openqa_index"), files["qa_train"],
+      "openqa_cpu", [stages.config("openqa_cpu")],
+      stages.openqa_overrides(vocab, os.path.join(out, "openqa_index"), files["qa_train"],
                             files["qa_dev"], os.path.join(out, "realm"),
                             os.path.join(out, "realm")))
   assert qa.task.train_data.input_path == files["qa_train"]

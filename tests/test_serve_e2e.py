@@ -30,7 +30,7 @@ import pytest
 from data_prep import blocks as blocks_pipeline
 from data_prep import ict_examples
 from data_prep import synthetic_world
-from experiments import demo
+from experiments import stages
 from realm_tf import configs
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
 from realm_tf import tokenization
@@ -72,11 +72,11 @@ def trained(tmp_path_factory):
   ict_examples.run_ict_examples(blocks, vocab, ict, True, 32, 32, eval_fraction=0.02, seed=0)
   # Without it the reader answers by recall: no edit of the corpus changes its answers
   # (experiments/NOTES.md section 12).
-  reading = demo.prepare_reading_worlds(
+  reading = stages.prepare_reading_worlds(
       str(root), vocab, [synthetic_world.generate_world(seed, name_seed=0, **sizes)
                          for seed in range(1, 5)], 0,
       block_seq_length=32, query_seq_length=32, examples_per_sentence=2)
-  corpora = demo.reading_corpora(str(root), reading)
+  corpora = stages.reading_corpora(str(root), reading)
   reader_dir = str(root / "reader_read")
   train_lib.run_experiment(configs.load_experiment(
       "reader_read_cpu", [os.path.join(CONFIGS, "reader_read_cpu__demo.yaml"), corpora],

@@ -13,7 +13,7 @@ import statistics
 
 import pytest
 
-from experiments import demo
+from experiments import stages
 from experiments import table_seed
 from experiments import tables
 from realm_tf import configs
@@ -174,9 +174,9 @@ def _random_model_dir(path, vocab):
   """A REALM model directory (model config, vocabulary, ckpt-1) of random weights in the
   demo's shapes (realm_pretrain_cpu with its __demo.yaml)."""
   params = configs.load_experiment(
-      "realm_pretrain_cpu", [os.path.join(demo.CONFIG_DIR, "realm_pretrain_cpu__demo.yaml")],
+      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
       f"task.model.vocab_file={vocab},task.model.retriever.encoder.vocab_size="
-      f"{demo.vocab_size(vocab)},task.model.reader.encoder.vocab_size={demo.vocab_size(vocab)}")
+      f"{stages.vocab_size(vocab)},task.model.reader.encoder.vocab_size={stages.vocab_size(vocab)}")
   model = RealmPretrainer.from_config_dataclass(params.task.model)
   for tower in (model.query_embedder, model.block_embedder, model.reader):
     tower.build_from_length()

@@ -252,6 +252,33 @@ def test_steps_compile_with_xla_in_bfloat16(world, name):
                loss_rtol=0.02, metric_atol=0.03, weight_atol=2e-3, update_rtol=0.15)
 
 
+@pytest.mark.parametrize("name", ["ict", "openqa", "reader_read", "realm_host"])
+def test_bfloat16_step_against_the_float32_step(world, name):
+  """The step the CPU experiments train with ``--precision=bfloat16`` (uncompiled, one
+  device: ``runtime.mixed_precision_dtype``), from the same float32 weights on the same batch
+  as the float32 step: the loss, the metrics and every weight after the SGD step agree to
+  bfloat16's precision (the slow XLA check's tolerances), and the step computes in bfloat16."""
+  task_cls, make_config, accept = FAMILIES[name]
+  config = make_config(world)
+  tf_keras.utils.set_random_seed(0)
+  one = tf.distribute.OneDeviceStrategy("/cpu:0")
+  with train_lib.precision_policy(None):
+    float32 = Side(task_cls, config, one)
+    start = [v.numpy() for v in float32.model.variables]
+    _, inputs = float32.batch(config.train_data, accept)
+    want = float32.run(inputs, training=True)
+  with train_lib.precision_policy("bfloat16"):
+    half = Side(task_cls, config, one, start)
+    assert {v.dtype for v in half.model.trainable_variables} == {tf.float32}
+    assert any(layer.compute_dtype == "bfloat16" for layer in half.model.submodules
+               if isinstance(layer, tf_keras.layers.Layer))
+    got = half.run(inputs, training=True)
+  problems = tpu_readiness.differences(want, got, loss_rtol=0.02, metric_atol=0.03,
+                                       weight_atol=2e-3, update_rtol=0.15)
+  assert not problems, (name, problems)
+  assert got.loss != want.loss   # it did compute in bfloat16
+
+
 # ------------------------------------------------------------------------ the check itself --
 
 

@@ -1,7 +1,7 @@
 r"""realm-serve: answer questions over HTTP with a fine-tuned Open-QA model and its index.
 
     echo "$(openssl rand -hex 16)" > token.txt
-    realm-serve --model_dir=demo_out/openqa_orqa --index_dir=demo_out/openqa_orqa_index \
+    realm-serve --model_dir=demo_out/openqa_orqa --index_dir=demo_out/openqa_index_ict \
         --port=8000 --token_file=token.txt
     # http://127.0.0.1:8000/ : the page; /docs: the API
     curl -s localhost:8000/answer -H 'Content-Type: application/json' \

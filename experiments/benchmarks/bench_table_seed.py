@@ -1,0 +1,113 @@
+r"""Benchmark: a short table seed the old way and the new way, in the same run (issue 43).
+
+    python -m experiments.benchmarks.bench_table_seed --output_dir=/tmp/bench_seed
+
+A table seed's workload at a tenth of its steps (``--scale``; the world, the five REALM runs,
+the eight Open-QA rows and the validations as in ``experiments.tables``; validation every
+tenth of the REALM steps, as the seed's 100 of 1,000), run twice by ``python -m
+experiments.tables`` in processes of their own, one after the other, on the same prepared
+data (the first run prepares it; its time is not compared):
+
+* **old**: float32, every run of a stage at once (the schedule and precision before issue 43);
+* **new**: ``--new_flags`` (default: bfloat16, at most 2 training runs at a time).
+
+``--order=new_first`` runs them the other way round. Prints each stage's minutes and steps/s
+(training steps of every run of the stage over its wall time) for both, and the ratio old/new
+per stage and in total. The seed files and logs stay under ``--output_dir``.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output_dir", "/tmp/bench_table_seed", "Where both runs write.")
+flags.DEFINE_float("scale", 0.1, "Steps of every stage, as a share of a table seed's.")
+flags.DEFINE_list("old_flags", ["--precision=float32", "--parallel_runs=0"],
+                  "experiments.tables flags of the old way.")
+flags.DEFINE_list("new_flags", ["--precision=bfloat16", "--parallel_runs=2"],
+                  "experiments.tables flags of the new way.")
+flags.DEFINE_enum("order", "old_first", ["old_first", "new_first"], "Which way runs first.")
+
+# A table seed's steps (experiments/stages.py and experiments/tables.py defaults).
+SEED_STEPS = dict(reading_steps=6000, distractor_steps=1500, ict_steps=400, realm_steps=1000,
+                  validation_every=100, openqa_steps=600)
+PRETRAIN_RUNS, OPENQA_ROWS = 5, 8
+
+
+def steps_flags(scale: float) -> dict:
+  steps = {k: max(1, round(v * scale)) for k, v in SEED_STEPS.items()}
+  steps["refresh_every"] = 25   # the refresh cadence in steps is the recipe's
+  return steps
+
+
+def stage_steps(steps: dict) -> dict:
+  """Training steps of every run of each timed stage."""
+  return {"warm starts": steps["reading_steps"] + steps["distractor_steps"] + steps["ict_steps"],
+          "pre-training": PRETRAIN_RUNS * steps["realm_steps"],
+          "Open-QA": OPENQA_ROWS * steps["openqa_steps"]}
+
+
+def run_way(name: str, out: str, steps: dict, extra) -> dict:
+  """One seed the ``name`` way into ``out/name``; its seed file (``stages``: minutes)."""
+  results = os.path.join(out, f"{name}_results")
+  shutil.rmtree(results, ignore_errors=True)
+  cmd = [sys.executable, "-m", "experiments.tables", "--seed=0",
+         f"--output_dir={os.path.join(out, name)}", f"--results_dir={results}",
+         *[f"--{k}={v}" for k, v in steps.items()], *extra]
+  print(f"[bench {time.strftime('%H:%M:%S')}] {name}: {' '.join(cmd[1:])}", flush=True)
+  with open(os.path.join(out, f"{name}.log"), "w") as log:
+    code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+  if code:
+    raise RuntimeError(f"the {name} run failed (exit {code}); see {out}/{name}.log")
+  with open(os.path.join(results, "seed0.json")) as f:
+    return json.load(f)
+
+
+def main(argv):
+  del argv
+  out = os.path.abspath(FLAGS.output_dir)
+  os.makedirs(out, exist_ok=True)
+  steps = steps_flags(FLAGS.scale)
+  ways = {"old": FLAGS.old_flags, "new": FLAGS.new_flags}
+  order = ["old", "new"] if FLAGS.order == "old_first" else ["new", "old"]
+  seeds = {}
+  for i, name in enumerate(order):
+    if i:   # the second run reads the first's prepared data: its time is not compared
+      os.makedirs(os.path.join(out, name), exist_ok=True)
+      shutil.copy(os.path.join(out, order[0], "prepared.json"),
+                  os.path.join(out, name, "prepared.json"))
+    shutil.rmtree(os.path.join(out, name, "seed0"), ignore_errors=True)
+    seeds[name] = run_way(name, out, steps, ways[name])
+  work = stage_steps(steps)
+  print(f"\nA table seed at {FLAGS.scale:g} of its steps ({steps}); old: "
+        f"{' '.join(ways['old'])}; new: {' '.join(ways['new'])}; {FLAGS.order}")
+  print(f"{'stage':24s} {'steps':>6s} {'old min':>8s} {'new min':>8s} {'old steps/s':>11s} "
+        f"{'new steps/s':>11s} {'old/new':>8s}")
+  total = {"old": 0.0, "new": 0.0}
+  for stage, n in work.items():
+    m = {w: seeds[w]["stages"][stage] for w in ways}
+    for w in ways:
+      total[w] += m[w]
+    print(f"{stage:24s} {n:6d} {m['old']:8.2f} {m['new']:8.2f} {n / 60 / m['old']:11.2f} "
+          f"{n / 60 / m['new']:11.2f} {m['old'] / m['new']:8.2f}")
+  rest = {w: sum(v for k, v in seeds[w]["stages"].items() if k not in work and k != "data")
+          for w in ways}
+  print(f"{'evaluations after':24s} {'':6s} {rest['old']:8.2f} {rest['new']:8.2f}")
+  old, new = total["old"] + rest["old"], total["new"] + rest["new"]
+  print(f"{'seed (without data)':24s} {'':6s} {old:8.2f} {new:8.2f} {'':11s} {'':11s} "
+        f"{old / new:8.2f}")
+  for w in ways:   # dev questions only (the test questions choose nothing)
+    curve = seeds[w]["curves"]["realm"]["qa_recall@5"]
+    print(f"{w}: the refreshed REALM run's dev-question recall@5 {curve[0][1]:.3f} at step "
+          f"{curve[0][0]} -> {curve[-1][1]:.3f} at step {curve[-1][0]}")
+
+
+if __name__ == "__main__":
+  app.run(main)
