@@ -136,7 +136,11 @@ class Progress:
     steps = {n: min(checkpoint_step(d), total) for n, (d, total) in self.runs.items()}
     rate = sum(steps[n] - self._start[n] for n in steps) / elapsed
     left = sum(total - steps[n] for n, (_, total) in self.runs.items())
-    where = ", ".join(f"{n} {steps[n]}/{total}" for n, (_, total) in self.runs.items())
+    if len(self.runs) <= 5:
+      where = ", ".join(f"{n} {steps[n]}/{total}" for n, (_, total) in self.runs.items())
+    else:
+      where = (f"{len(self.runs)} runs at steps {min(steps.values())}-{max(steps.values())} "
+               f"of {max(total for _, total in self.runs.values())}")
     eta = f"ETA {left / rate / 60:.1f} min" if rate > 0 else "ETA after the first checkpoint"
     return f"{self.label}: {where} | {rate:.2f} steps/s | {eta}"
 

@@ -8,17 +8,25 @@ at smaller sizes in test_realm_training and test_openqa.
 
 import json
 import os
+import shutil
 
+from absl import flags
+from absl.testing import flagsaver
 import pytest
 
+from experiments import assets
 from experiments import demo
 from experiments import stages
 from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import manifests
+from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tasks import realm_pretrain
 
 import helpers
+
+FLAGS = flags.FLAGS
 
 
 def _manifest(directory):
@@ -104,3 +112,47 @@ def test_demo_runs_every_stage(tmp_path):
   line = next(l for l in proc.stdout.splitlines() if l.startswith("Zero-shot QA recall@5"))
   before = [qa[k]["before"]["top_5_match"] for k in qa]
   assert f"ICT start {before[0]:.3f}, REALM {before[1]:.3f}" in line
+
+
+def test_the_reader_asset_fits_the_demo(tmp_path):
+  """``assets/demo_reader`` stands in for the reader ``make demo`` would train: its files
+  match the checksums of its manifest, it was built with the vocabulary the demo's world makes
+  at the default flags (made again here), and every variable of the demo's reader restores
+  from it."""
+  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
+  world = stages.make_world(FLAGS.seed, FLAGS.seed, FLAGS.world_scale)
+  files = synthetic_world.write_world(world, str(tmp_path / "world"), vocab_size=3000,
+                                      whole_word_names=True)
+  assert demo.asset_mismatch(FLAGS.reader_asset_dir, files["vocab"]) == ""
+  params = configs.load_experiment("realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
+                                   ",".join(stages.towers(files["vocab"])))
+  reader = RealmPretrainer.from_config_dataclass(params.task.model).reader
+  reader.build_from_length()
+  before = [v.numpy().copy() for v in reader.variables]
+  model_dir_lib.restore(os.path.join(FLAGS.reader_asset_dir, "reader"), reader=reader)
+  # Every variable now holds the asset's values, but the pooler's bias: zero-initialized, and
+  # the reading warm start never uses the pooler.
+  unchanged = [v.name for a, v in zip(before, reader.variables)
+               if a.size > 1 and not (a != v.numpy()).any()]
+  assert unchanged == ["reader_bert/pooler_transform/bias:0"], unchanged
+
+
+def test_a_reader_asset_that_does_not_fit_says_why(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  asset = tmp_path / "asset"
+  shutil.copytree(FLAGS.reader_asset_dir, asset)
+  manifest = json.loads((asset / "MANIFEST.json").read_text())
+  vocab.write_text("[PAD]\n[UNK]\n")
+  assert "another vocabulary" in demo.asset_mismatch(str(asset), str(vocab))
+  manifest["vocab_sha256"] = assets.sha256(vocab)
+  (asset / "MANIFEST.json").write_text(json.dumps(manifest))
+  assert demo.asset_mismatch(str(asset), str(vocab)) == ""
+  with flagsaver.flagsaver(reading_steps=7):
+    assert "--reading_steps=6000 (this run: 7)" in demo.asset_mismatch(str(asset), str(vocab))
+  data = asset / "reader.data-00000-of-00001"
+  flipped = bytearray(data.read_bytes())
+  flipped[-1] ^= 1
+  data.write_bytes(bytes(flipped))
+  assert "sha256 differs" in demo.asset_mismatch(str(asset), str(vocab))
+  (asset / "MANIFEST.json").unlink()
+  assert "no " in demo.asset_mismatch(str(asset), str(vocab))

@@ -8,6 +8,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import pytest
@@ -75,3 +76,23 @@ def test_tf_keras_is_keras_2_in_a_process_that_imports_realm_tf_first():
   out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                        env=dict(env, TF_USE_LEGACY_KERAS="0"), check=True).stdout.split()
   assert out[0] == "False", out  # The user's setting wins.
+
+
+def test_a_binary_that_returns_exits_at_once_with_its_output():
+  """cli.exit_now: the output is flushed, the status kept, and the process does not wait for
+  the interpreter's teardown (a finalizer that would block for a minute never runs)."""
+  script = ("import sys, time, weakref\n"
+            "from realm_tf.binaries import cli\n"
+            "class Slow:\n"
+            "  def __del__(self): time.sleep(60)\n"
+            "keep = Slow()\n"
+            "def main(argv):\n"
+            "  print('done', flush=False)\n"
+            "  return 3\n"
+            "sys.argv = ['prog']\n"
+            "cli.run_main(main)\n")
+  start = time.time()
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=120, check=False)
+  assert time.time() - start < 45
+  assert proc.returncode == 3 and proc.stdout == "done\n", proc.stderr[-2000:]

@@ -2,18 +2,20 @@ r"""Benchmark: a short table seed the old way and the new way, in the same run (
 
     python -m experiments.benchmarks.bench_table_seed --output_dir=/tmp/bench_seed
 
-A table seed's workload at a tenth of its steps (``--scale``; the world, the five REALM runs,
-the eight Open-QA rows and the validations as in ``experiments.tables``; validation every
-tenth of the REALM steps, as the seed's 100 of 1,000), run twice by ``python -m
-experiments.tables`` in processes of their own, one after the other, on the same prepared
-data (the first run prepares it; its time is not compared):
+A table seed's workload at a tenth of its steps (``--scale``; the world, the warm starts, the
+five REALM runs beside their refreshers, the eight Open-QA rows and the validations as in
+``experiments.tables``; validation every tenth of the REALM steps, as the seed's 100 of 1,000),
+run twice by ``python -m experiments.tables`` in processes of their own, one after the other:
 
-* **old**: float32, every run of a stage at once (the schedule and precision before issue 43);
-* **new**: ``--new_flags`` (default: bfloat16, the same schedule).
+* **old**: the code of ``--old_commit`` (default: 4ab9de3, where issue 43 measured it),
+  extracted with ``git archive`` into ``--output_dir``, with ``--old_flags``;
+* **new**: this checkout, with ``--new_flags``.
 
-``--order=new_first`` runs them the other way round. Prints each stage's minutes and steps/s
-(training steps of every run of the stage over its wall time) for both, and the ratio old/new
-per stage and in total. The seed files and logs stay under ``--output_dir``.
+Each way prepares its own data (the same world; not compared). ``--order=new_first`` runs them
+the other way round. Prints each stage's minutes and steps/s (training steps of every run of
+the stage over its wall time) for both, and the ratio old/new per stage and for the seed. The
+seed files and logs stay under ``--output_dir``. At a tenth of the steps, what every process
+costs whatever its steps (starting, evaluating, exiting) weighs ten times more than in a seed.
 """
 
 import json
@@ -27,12 +29,12 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 flags.DEFINE_string("output_dir", "/tmp/bench_table_seed", "Where both runs write.")
 flags.DEFINE_float("scale", 0.1, "Steps of every stage, as a share of a table seed's.")
-flags.DEFINE_list("old_flags", ["--precision=float32", "--parallel_runs=0"],
-                  "experiments.tables flags of the old way.")
-flags.DEFINE_list("new_flags", ["--precision=bfloat16", "--parallel_runs=0"],
-                  "experiments.tables flags of the new way.")
+flags.DEFINE_string("old_commit", "4ab9de3", "The old way's code.")
+flags.DEFINE_list("old_flags", [], "experiments.tables flags of the old way.")
+flags.DEFINE_list("new_flags", [], "experiments.tables flags of the new way.")
 flags.DEFINE_enum("order", "old_first", ["old_first", "new_first"], "Which way runs first.")
 
 # A table seed's steps (experiments/stages.py and experiments/tables.py defaults).
@@ -54,20 +56,39 @@ def stage_steps(steps: dict) -> dict:
           "Open-QA": OPENQA_ROWS * steps["openqa_steps"]}
 
 
-def run_way(name: str, out: str, steps: dict, extra) -> dict:
-  """One seed the ``name`` way into ``out/name``; its seed file (``stages``: minutes)."""
+def source(out: str, commit: str) -> str:
+  """This checkout (``commit`` empty), or ``commit``'s files extracted under ``out``."""
+  if not commit:
+    return REPO
+  src = os.path.join(out, f"src_{commit}")
+  if not os.path.isdir(src):
+    os.makedirs(src + ".tmp", exist_ok=True)
+    archive = subprocess.run(["git", "-C", REPO, "archive", commit], capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", src + ".tmp"], input=archive, check=True)
+    os.replace(src + ".tmp", src)
+  return src
+
+
+def run_way(name: str, out: str, src: str, steps: dict, extra) -> dict:
+  """One seed the ``name`` way (the code in ``src``) into ``out/name``, from scratch; its seed
+  file (``stages``: minutes)."""
   results = os.path.join(out, f"{name}_results")
-  shutil.rmtree(results, ignore_errors=True)
+  for path in (results, os.path.join(out, name)):
+    shutil.rmtree(path, ignore_errors=True)
   cmd = [sys.executable, "-m", "experiments.tables", "--seed=0",
          f"--output_dir={os.path.join(out, name)}", f"--results_dir={results}",
          *[f"--{k}={v}" for k, v in steps.items()], *extra]
-  print(f"[bench {time.strftime('%H:%M:%S')}] {name}: {' '.join(cmd[1:])}", flush=True)
+  print(f"[bench {time.strftime('%H:%M:%S')}] {name} ({src}): {' '.join(cmd[1:])}", flush=True)
+  start = time.time()
   with open(os.path.join(out, f"{name}.log"), "w") as log:
-    code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # The code of ``src``: Python looks in the working directory first.
+    code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=src)
+  wall = (time.time() - start) / 60
   if code:
     raise RuntimeError(f"the {name} run failed (exit {code}); see {out}/{name}.log")
   with open(os.path.join(results, "seed0.json")) as f:
-    return json.load(f)
+    return dict(json.load(f), process_minutes=wall)
 
 
 def main(argv):
@@ -76,18 +97,12 @@ def main(argv):
   os.makedirs(out, exist_ok=True)
   steps = steps_flags(FLAGS.scale)
   ways = {"old": FLAGS.old_flags, "new": FLAGS.new_flags}
+  sources = {"old": source(out, FLAGS.old_commit), "new": source(out, "")}
   order = ["old", "new"] if FLAGS.order == "old_first" else ["new", "old"]
-  seeds = {}
-  for i, name in enumerate(order):
-    if i:   # the second run reads the first's prepared data: its time is not compared
-      os.makedirs(os.path.join(out, name), exist_ok=True)
-      shutil.copy(os.path.join(out, order[0], "prepared.json"),
-                  os.path.join(out, name, "prepared.json"))
-    shutil.rmtree(os.path.join(out, name, "seed0"), ignore_errors=True)
-    seeds[name] = run_way(name, out, steps, ways[name])
+  seeds = {name: run_way(name, out, sources[name], steps, ways[name]) for name in order}
   work = stage_steps(steps)
-  print(f"\nA table seed at {FLAGS.scale:g} of its steps ({steps}); old: "
-        f"{' '.join(ways['old'])}; new: {' '.join(ways['new'])}; {FLAGS.order}")
+  print(f"\nA table seed at {FLAGS.scale:g} of its steps ({steps}); old: {FLAGS.old_commit} "
+        f"{' '.join(ways['old'])}; new: this checkout {' '.join(ways['new'])}; {FLAGS.order}")
   print(f"{'stage':24s} {'steps':>6s} {'old min':>8s} {'new min':>8s} {'old steps/s':>11s} "
         f"{'new steps/s':>11s} {'old/new':>8s}")
   total = {"old": 0.0, "new": 0.0}
@@ -103,6 +118,9 @@ def main(argv):
   old, new = total["old"] + rest["old"], total["new"] + rest["new"]
   print(f"{'seed (without data)':24s} {'':6s} {old:8.2f} {new:8.2f} {'':11s} {'':11s} "
         f"{old / new:8.2f}")
+  wall = {w: seeds[w]["process_minutes"] - seeds[w]["stages"]["data"] for w in ways}
+  print(f"{'process, start to exit':24s} {'':6s} {wall['old']:8.2f} {wall['new']:8.2f} "
+        f"{'':11s} {'':11s} {wall['old'] / wall['new']:8.2f}   (without data)")
   for w in ways:   # dev questions only (the test questions choose nothing)
     curve = seeds[w]["curves"]["realm"]["qa_recall@5"]
     print(f"{w}: the refreshed REALM run's dev-question recall@5 {curve[0][1]:.3f} at step "

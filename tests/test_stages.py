@@ -1,0 +1,62 @@
+"""experiments/stages.py's scheduler: progress lines from checkpoint files, and processes run
+side by side that fail loudly."""
+
+import os
+import time
+
+import pytest
+
+from experiments import stages
+
+
+def _checkpoint(model_dir, step):
+  os.makedirs(model_dir, exist_ok=True)
+  with open(os.path.join(model_dir, "checkpoint"), "w") as f:
+    f.write(f'model_checkpoint_path: "ckpt-{step}"\nall_model_checkpoint_paths: "ckpt-0"\n')
+
+
+def test_checkpoint_step_reads_the_newest(tmp_path):
+  assert stages.checkpoint_step(str(tmp_path / "none")) == 0
+  _checkpoint(str(tmp_path / "a"), 275)
+  assert stages.checkpoint_step(str(tmp_path / "a")) == 275
+
+
+def test_progress_line_counts_steps_since_the_stage_began(tmp_path):
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  _checkpoint(a, 100)
+  clock = stages.Clock("t")
+  progress = stages.Progress(clock, "REALM", {"a": (a, 1000), "b": (b, 1000)}, seconds=0)
+  with progress:
+    assert "ETA after the first checkpoint" in progress.line()
+    _checkpoint(a, 300)
+    _checkpoint(b, 200)
+    t0 = progress._t0   # pylint: disable=protected-access
+    # 400 steps in 100 s: 4 steps/s; 700 + 800 left -> 375 s.
+    line = progress.line(now=t0 + 100)
+  assert line == "REALM: a 300/1000, b 200/1000 | 4.00 steps/s | ETA 6.2 min"
+
+
+def test_a_failing_job_stops_the_others_and_shows_its_log(tmp_path):
+  clock = stages.Clock("t")
+  slow = stages.Job("slow", ["timeit", "-n1", "-r1", "import time; time.sleep(60)"],
+                    str(tmp_path / "slow.log"))
+  bad = stages.Job("bad", ["no_such_module_here"], str(tmp_path / "bad.log"))
+  t = time.time()
+  with pytest.raises(RuntimeError, match=r"(?s)bad failed \(exit 1\).*No module named"):
+    stages.run_side_by_side(clock, "test", [slow, bad])
+  assert time.time() - t < 30   # the slow job was killed, not waited for
+
+
+def test_runs_wait_for_their_followers_and_respect_the_limit(tmp_path):
+  clock = stages.Clock("t")
+  jobs = []
+  for name in ("one", "two", "three"):
+    jobs += [stages.Job(f"{name} follower", ["platform"], str(tmp_path / f"{name}.f.log"),
+                        follower=True),
+             stages.Job(name, ["platform"], str(tmp_path / f"{name}.log"))]
+  stages.run_side_by_side(clock, "test", jobs, parallel=1)
+  assert all((tmp_path / f"{n}.log").read_text().strip() for n in ("one", "two", "three"))
+  assert all((tmp_path / f"{n}.f.log").read_text().strip() for n in ("one", "two", "three"))
+  # One run at a time: each run's processes started after the previous run's ended.
+  ends = [os.path.getmtime(tmp_path / f"{n}.log") for n in ("one", "two", "three")]
+  assert ends == sorted(ends)
