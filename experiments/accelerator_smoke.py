@@ -40,7 +40,7 @@ from typing import Dict, List
 
 from absl import flags
 
-from experiments import demo
+from experiments import stages
 from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
@@ -48,8 +48,9 @@ EXPERIMENTS = ("ict_cpu", "reader_read_cpu", "realm_pretrain_cpu", "openqa_cpu")
 
 
 def define_flags() -> None:
-  """The smoke run's flags, beside the demo's (``--output_dir``, ``--seed``, ``--world_scale``,
-  ``--refresh_every``: the checkpoint, summary and host round-trip interval)."""
+  """The smoke run's flags, beside experiments/stages.py's (``--output_dir``, ``--seed``,
+  ``--world_scale``, ``--refresh_every``: the checkpoint, summary and host round-trip
+  interval)."""
   flags.DEFINE_enum("experiment", "realm_pretrain_cpu", EXPERIMENTS,
                     "The CPU-sized experiment.")
   flags.DEFINE_enum("strategy", "one_device", ["tpu", "mirrored", "one_device"],
@@ -106,7 +107,7 @@ def prepare(out: str, seed: int, world_scale: float = 1.0):
       return json.load(f)
   from data_prep import pipeline  # pylint: disable=g-import-not-at-top
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  files = synthetic_world.write_world(demo.make_world(seed, seed, world_scale),
+  files = synthetic_world.write_world(stages.make_world(seed, seed, world_scale),
                                       os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
   dirs = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
@@ -127,7 +128,7 @@ def experiment_params(data, out: str, name: str, steps: int, refresh_every: int,
   ``params_override``; ``retrieval`` and ``trainable_blocks``: see their flags."""
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   files, dirs = data["files"], data["dirs"]
-  vocab, n = files["vocab"], demo.vocab_size(files["vocab"])
+  vocab, n = files["vocab"], stages.vocab_size(files["vocab"])
   towers = [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
             f"task.model.reader.encoder.vocab_size={n}"]
   index_dir = os.path.join(out, "index")
@@ -147,9 +148,9 @@ def experiment_params(data, out: str, name: str, steps: int, refresh_every: int,
   }[name]
   decay = "trainer.optimizer_config.learning_rate.polynomial.decay_steps"
   overrides += [f"trainer.train_steps={steps}", f"{decay}={steps}"]
-  overrides += demo.intervals(refresh_every)
+  overrides += stages.intervals(refresh_every)
   overrides += [params_override] if params_override else []
-  return configs.load_experiment(name, [os.path.join(demo.CONFIG_DIR, f"{name}__demo.yaml")],
+  return configs.load_experiment(name, [os.path.join(stages.CONFIG_DIR, f"{name}__demo.yaml")],
                                  ",".join(overrides))
 
 

@@ -12,10 +12,11 @@ an earlier run into the same directory finished (``TRAINING_DONE``, a published 
   frozen index of the retriever's block tower, evaluated before and after.
 
 The scheduler (:func:`run_side_by_side`) starts trainers and refreshers as processes of their
-own, all at once: one toy trainer keeps only part of two cores busy, and side by side finished
-1.14x sooner than one after the other (experiments/NOTES.md section 20). :class:`Progress`
-prints one line per ``--progress_seconds`` for every long stage (steps done, steps/s, ETA), and
-:class:`Clock` times the stages and prints the total at the end.
+own, all at once by default (``--parallel_runs`` caps the runs at a time): two runs side by
+side finished 1.14x sooner than one after the other, and a REALM step cost 0.69 CPU-s with five
+trainers side by side against 0.66 with two (experiments/NOTES.md sections 20 and 21).
+:class:`Progress` prints one line per ``--progress_seconds`` for every long stage (steps done,
+steps/s, ETA), and :class:`Clock` times the stages and prints the total at the end.
 """
 
 import contextlib
