@@ -41,6 +41,7 @@ from safetensors import numpy as safetensors_numpy
 
 from realm_tf import configs
 from realm_tf import train_lib
+from realm_tf.binaries import cli
 from realm_tf.tokenization import load_vocab
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -295,11 +296,17 @@ def _flags_of_its_own():
 def run_cli(module, *args):
   """``python -m <module> <args>`` run in this process: the module executed as ``__main__``
   (``runpy``) with ``sys.argv`` set, its flags its own (see ``_flags_of_its_own``) and its
-  ``SystemExit`` caught. Returns a ``subprocess.CompletedProcess`` (status, stdout, stderr).
+  ``SystemExit`` caught (``cli.exit_now``, which ends a command line's process, raises it
+  here). Returns a ``subprocess.CompletedProcess`` (status, stdout, stderr).
   """
   out, err = io.StringIO(), io.StringIO()
   code = 0
+
+  def exit_here(code=0):   # cli.exit_now would end this process: the test's
+    raise SystemExit(code)
+
   with _flags_of_its_own(), mock.patch.object(sys, "argv", [module, *args]), \
+      mock.patch.object(cli, "exit_now", exit_here), \
       contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
       warnings.catch_warnings():
     # runpy warns that the module is imported already (by the tests): it runs afresh anyway.
