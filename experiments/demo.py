@@ -49,7 +49,6 @@ flags.DEFINE_string("reader_asset_dir",
                     str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "demo_reader"),
                     "The reader asset's folder.")
 
-CONFIG_DIR = stages.CONFIG_DIR
 # The settings the reader's start depends on: the asset is used only where they all match.
 READER_SETTINGS = ("seed", "world_scale", "reading_worlds", "reading_steps", "distractor_steps",
                    "distractors", "precision")

@@ -296,12 +296,11 @@ def runtime() -> List[str]:
   return [f"runtime.mixed_precision_dtype={FLAGS.precision}"]
 
 
-def towers(vocab: str, retriever: str = "task.model.retriever.encoder",
-           reader: Optional[str] = "task.model.reader.encoder") -> List[str]:
-  """The vocabulary and its size in the model's towers."""
+def towers(vocab: str) -> List[str]:
+  """The vocabulary and its size in the model's towers (retriever and reader)."""
   n = vocab_size(vocab)
-  out = [f"task.model.vocab_file={vocab}", f"{retriever}.vocab_size={n}"]
-  return out + ([f"{reader}.vocab_size={n}"] if reader else [])
+  return [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
+          f"task.model.reader.encoder.vocab_size={n}"]
 
 
 def config(experiment: str) -> str:
@@ -429,13 +428,12 @@ def indexes_built(model_dir: str) -> int:
     return sum(line.startswith("[realm-refresh] published") for line in f)
 
 
-def realm_eval_params(vocab: str, data: PretrainData, ict_dir: str, reader_dir: str,
-                      qa_eval: str = ""):
+def realm_eval_params(vocab: str, data: PretrainData, ict_dir: str, reader_dir: str):
   """The REALM task's validation config (``realm-train --mode=eval``) over ``data``."""
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   return configs.load_experiment(
       "realm_pretrain_cpu", [config("realm_pretrain_cpu")],
-      realm_overrides(vocab, data, "unused_index", ict_dir, reader_dir, qa_eval=qa_eval))
+      realm_overrides(vocab, data, "unused_index", ict_dir, reader_dir))
 
 
 # ------------------------------------------------------------------------------ Open-QA --
