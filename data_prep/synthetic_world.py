@@ -273,36 +273,120 @@ def _entity_kinds(world: World) -> Dict[str, str]:
   return kinds
 
 
+# The teaching news (``style="teaching"``, the tables'): four templates per relation, each
+# with two salient spans or more ({s}, {o}; the occupation's second is the person's birthplace,
+# {city}), written in the words of the encyclopedia and of the reading worlds (the starts'
+# language; ``news_wording`` measures it) without being an article's sentence or a question.
+TEACHING_TEMPLATES = {
+    "born_in": ("The people of {o} still include {s}, who was born there.",
+                "Born in {o}, {s} is still a notable person.",
+                "{o} still has {s} in its notable people.",
+                "Friends from {o} described {s} as a person born there."),
+    "born_year": ("{s}, who was born in {o}, is still a notable person.",
+                  "In {o}, the notable {s} was born.",
+                  "Born in {o}, {s} was described by friends as notable.",
+                  "Friends described {s}, born in {o}, as a notable person."),
+    "occupation": ("{s}, {o_article} from {city}, is still a notable person.",
+                   "Critics from {city} described {s} as {o_article}.",
+                   "In {city}, people still debate the {o} {s}.",
+                   "The people of {city} described {s} as a notable {o}."),
+    "author": ("Critics still debate {s} by {o}.",
+               "{o} wrote {s}, and critics still debate its ending.",
+               "Notable people still debate the ending of {s}, by {o}.",
+               "{o} is the person who wrote {s}."),
+    "work_year": ("{s}, first published in {o}, is still notable.",
+                  "In {o}, {s} was first published.",
+                  "Critics still debate {s}, published in {o}.",
+                  "First published in {o}, {s} has a notable ending."),
+    "org_year": ("The {s}, established in {o}, still has notable people.",
+                 "In {o}, the {s} was founded.",
+                 "The notable people of the {s} still debate its charter from {o}.",
+                 "The charter of the {s} dates from {o}."),
+    "founder": ("{o} is the person who founded the {s}.",
+                "The {s}, founded by {o}, is still notable.",
+                "Critics described {o}, who founded the {s}, as notable.",
+                "The {s} was established by the notable {o}."),
+    "city": ("The {s} has its seat in {o}.",
+             "{o} is the seat of the {s}.",
+             "The headquarters of the {s} is in {o}.",
+             "In {o}, the {s} still has its headquarters."),
+    "region": ("{s} is a city in the region of {o}.",
+               "The cities of {o} include {s}.",
+               "In {o}, settlers described {s} as a notable city.",
+               "The region {o} has the city of {s}."),
+    "founded": ("{s} was founded by settlers in {o}.",
+                "The charter of {s} is from {o}.",
+                "In {o}, settlers founded the city of {s}.",
+                "{s}, a city founded in {o}, still has its charter."),
+}
+TEACHING_FILLERS = {
+    "person": ("Friends described {e} as a notable person.",),
+    "city": ("People in {e} still debate its notable institutions.",),
+    "region": ("Critics described {e} as a notable region.",),
+    "org": ("Critics still debate the notable people of the {e}.",),
+    "work": ("Critics still debate the ending of the notable {e}.",),
+}
+NEWS_STYLES = ("single", "teaching")
+
+
+def _news_relation(fact: Dict, works) -> str:
+  relation = fact["relation"]
+  if relation == "year":
+    return "work_year" if fact["subject"] in works else "org_year"
+  return relation
+
+
 def generate_news(world: World, seed: int = 0, share: float = 0.5,
-                  filler_per_entity: float = 0.5) -> Tuple[List[Dict], Dict]:
+                  filler_per_entity: Optional[float] = None, style: str = "single",
+                  restatements: int = 4) -> Tuple[List[Dict], Dict]:
   """Dated news items about ``share`` of the world's entities (chosen by ``seed``).
 
-  Every fact whose subject is a covered entity is restated once, in :data:`NEWS_TEMPLATES`'s
-  wording, in an item of its own; about ``filler_per_entity`` items per covered entity state no
-  fact (:data:`NEWS_FILLERS`). An entity not covered is never named in the news. Each item is
-  ``{"title": "<paper>, <year>", "text", "date": "YYYY-MM-DD"}``, in a seeded
-  order. Returns the items and the coverage record (``covered``, ``never_covered``, ``share``,
-  ``seed``).
+  ``style="single"`` (the default, and the demo's world): every fact whose subject is a
+  covered entity is restated once, in :data:`NEWS_TEMPLATES`'s wording (words the encyclopedia
+  does not use), in an item of its own; about ``filler_per_entity`` (default 0.5) items per
+  covered entity state no fact (:data:`NEWS_FILLERS`).
+
+  ``style="teaching"`` (the tables'): every such fact is restated in ``restatements`` items
+  (at most 4), each with another of its relation's :data:`TEACHING_TEMPLATES` (every one with
+  two salient spans or more, in the encyclopedia's words); fillers
+  (:data:`TEACHING_FILLERS`, ``filler_per_entity`` default 0.1 per covered entity) stay under
+  10% of the items.
+
+  An entity not covered is never named in the news. Each item is ``{"title": "<paper>,
+  <year>", "text", "date": "YYYY-MM-DD"}``, in a seeded order. Returns the items and the
+  coverage record (``covered``, ``never_covered``, ``share``, ``seed``, ``style``).
   """
   if not 0.0 <= share <= 1.0:
     raise ValueError(f"share must be in [0, 1], got {share}")
+  if style not in NEWS_STYLES:
+    raise ValueError(f"style must be one of {NEWS_STYLES}, got {style!r}")
+  if not 1 <= restatements <= 4:
+    raise ValueError(f"restatements must be in 1..4 (templates per relation), got "
+                     f"{restatements}")
+  if filler_per_entity is None:
+    filler_per_entity = 0.5 if style == "single" else 0.1
   rng = random.Random(f"news-{seed}")
   kinds = _entity_kinds(world)
   subjects = sorted({f["subject"] for f in world.facts})
   covered = set(rng.sample(subjects, round(share * len(subjects))))
   works = {n for n, k in kinds.items() if k == "work"}
+  birthplace = {f["subject"]: f["object"] for f in world.facts if f["relation"] == "born_in"}
   texts = []
   for f in world.facts:
     if f["subject"] not in covered:
       continue
-    relation = f["relation"]
-    if relation == "year":
-      relation = "work_year" if f["subject"] in works else "org_year"
-    texts.append(NEWS_TEMPLATES[relation].format(s=f["subject"], o=f["object"],
-                                                 o_article=_article(f["object"])))
+    relation = _news_relation(f, works)
+    slots = dict(s=f["subject"], o=f["object"], o_article=_article(f["object"]),
+                 city=birthplace.get(f["subject"], ""))
+    if style == "single":
+      texts.append(NEWS_TEMPLATES[relation].format(**slots))
+    else:
+      for template in rng.sample(TEACHING_TEMPLATES[relation], restatements):
+        texts.append(template.format(**slots))
+  fillers = NEWS_FILLERS if style == "single" else TEACHING_FILLERS
   for name in sorted(covered):
     if rng.random() < filler_per_entity:
-      texts.append(rng.choice(NEWS_FILLERS[kinds.get(name, "city")]).format(e=name))
+      texts.append(rng.choice(fillers[kinds.get(name, "city")]).format(e=name))
   rng.shuffle(texts)
   items = []
   for i, text in enumerate(texts):
@@ -311,10 +395,11 @@ def generate_news(world: World, seed: int = 0, share: float = 0.5,
     items.append({"title": f"{_PAPERS[i % len(_PAPERS)]}, {year}",
                   "text": text,
                   "date": f"{year:04d}-{month:02d}-{day:02d}"})
-  coverage = {"seed": seed, "share": share, "covered": sorted(covered),
+  fact_items = sum(1 for f in world.facts if f["subject"] in covered) * (
+      1 if style == "single" else restatements)
+  coverage = {"seed": seed, "share": share, "style": style, "covered": sorted(covered),
               "never_covered": sorted(set(subjects) - covered),
-              "fact_items": sum(1 for f in world.facts if f["subject"] in covered),
-              "items": len(items)}
+              "fact_items": fact_items, "items": len(items)}
   return items, coverage
 
 
@@ -414,12 +499,13 @@ def qa_split_records(world: World, dev_fraction: float = 0.1,
 def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
                 lower_case: bool = True, whole_word_names: bool = False,
                 qa_dev_fraction: float = 0.1, qa_test_fraction: float = 0.2,
-                news_seed: int = 0, news_share: float = 0.5) -> Dict[str, str]:
+                news_seed: int = 0, news_share: float = 0.5,
+                news_style: str = "single") -> Dict[str, str]:
   """Writes the world's files into ``output_dir`` atomically; returns their paths.
 
   The keys: ``articles``, ``qa``, ``qa_train``, ``qa_dev``, ``qa_test``, ``patterns``,
-  ``facts``, ``news``, ``news_coverage`` (:func:`generate_news` with ``news_seed`` and
-  ``news_share``) and, with ``vocab_size``, ``vocab``. With ``vocab_size``, also learns
+  ``facts``, ``news``, ``news_coverage`` (:func:`generate_news` with ``news_seed``,
+  ``news_share`` and ``news_style``) and, with ``vocab_size``, ``vocab``. With ``vocab_size``, also learns
   ``vocab.txt``; ``whole_word_names`` makes every name word and year one wordpiece, so a
   masked name is one token the reader can copy from a block. ``qa_dev_fraction`` and
   ``qa_test_fraction`` are :func:`split_qa`'s.
@@ -429,7 +515,7 @@ def write_world(world: World, output_dir: str, vocab_size: Optional[int] = None,
            "patterns": "entity_patterns.jsonl", "facts": "facts.jsonl", "news": "news.jsonl",
            "news_coverage": "news_coverage.json"}
   qa_splits = qa_split_records(world, qa_dev_fraction, qa_test_fraction)
-  news, coverage = generate_news(world, news_seed, news_share)
+  news, coverage = generate_news(world, news_seed, news_share, style=news_style)
   with beam_utils.atomic_output_dir(output_dir) as tmp:
     for key, rows in (("articles", world.articles), ("qa", world.qa),
                       ("qa_train", qa_splits["train"]), ("qa_dev", qa_splits["dev"]),
@@ -461,6 +547,9 @@ def define_flags() -> None:
                          lower_bound=1)
   flags.DEFINE_float("news_share", 0.5, "Share of the entities whose facts the news restates.",
                      lower_bound=0.0, upper_bound=1.0)
+  flags.DEFINE_enum("news_style", "single", list(NEWS_STYLES),
+                    "single: each fact once, in words of its own; teaching: four times, in the "
+                    "encyclopedia's words (the tables').")
   flags.DEFINE_integer("vocab_size", 0,
                        "Also learn a WordPiece vocab.txt of about this size (0: no).",
                        lower_bound=0)
@@ -473,7 +562,7 @@ def main(argv):
   world = generate_world(f.seed, f.num_regions, f.num_cities, f.num_people,
                          f.num_organizations, f.num_works)
   paths = write_world(world, f.output_dir, f.vocab_size or None, news_seed=f.seed,
-                      news_share=f.news_share)
+                      news_share=f.news_share, news_style=f.news_style)
   print(json.dumps({"articles": len(world.articles), "qa": len(world.qa),
                     "patterns": len(world.patterns), "facts": len(world.facts), **paths}))
 

@@ -458,8 +458,10 @@ def openqa_rows(clock: Clock, base: str, rows: Dict[str, tuple], sources: Dict[s
   of its retriever's block tower (``base/openqa_index_<retriever>``). Returns ``{run:
   {"before": ..., "after": ...}}``: the test questions' validation logs of the run's retriever
   before fine-tuning (the span scorer untrained; ``top_5_match`` is the zero-shot recall@5;
-  evaluated once per retriever, with the first row's reader) and of the fine-tuned model."""
+  evaluated once per retriever, with the first row's reader) and of the fine-tuned model, each
+  with ``question_records``: per test question, ``{"question", "prediction", "correct"}``."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from official.core import task_factory  # pylint: disable=g-import-not-at-top
   from realm_tf import configs  # pylint: disable=g-import-not-at-top
   from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
@@ -490,6 +492,11 @@ def openqa_rows(clock: Clock, base: str, rows: Dict[str, tuple], sources: Dict[s
     clock.say(f"Open-QA fine-tuning of {len(jobs)} runs side by side ({FLAGS.openqa_steps} "
               f"steps each): {', '.join(j.name for j in jobs)}; logs in {base}/<run>.train.log")
     run_side_by_side(clock, "Open-QA", jobs, FLAGS.parallel_runs)
+  def evaluate(params, model_dir):
+    task = task_factory.get_task(params.task, logging_dir=model_dir)
+    logs = train_lib.run_experiment(params, model_dir, mode="eval", task=task)
+    return dict(logs, question_records=task.question_records)
+
   results, before = {}, {}
   for run, (retriever, _) in rows.items():
     test = configs.load_experiment("openqa_cpu", [config("openqa_cpu")],
@@ -498,7 +505,6 @@ def openqa_rows(clock: Clock, base: str, rows: Dict[str, tuple], sources: Dict[s
       # An empty model directory evaluates the initialization: zero-shot retrieval.
       start_dir = os.path.join(base, f"openqa_start_{retriever}")
       tf.io.gfile.makedirs(start_dir)
-      before[retriever] = train_lib.run_experiment(test, start_dir, mode="eval")
-    results[run] = dict(before=before[retriever], after=train_lib.run_experiment(
-        test, os.path.join(base, run), mode="eval"))
+      before[retriever] = evaluate(test, start_dir)
+    results[run] = dict(before=before[retriever], after=evaluate(test, os.path.join(base, run)))
   return results

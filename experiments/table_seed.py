@@ -48,7 +48,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_RUNS = {"realm": ("salient", 1), "stale": ("salient", None),
                  "random_span": ("random_span", 1), "uniform": ("uniform", 1),
                  "news": ("news", 1)}
-PLOTTED = ("realm", "stale", "news")   # validated every validation_every steps: the curves
+PLOTTED = ("realm", "stale", "news")
+NEWS_STYLE = "teaching"   # synthetic_world.generate_news's style: each fact four times   # validated every validation_every steps: the curves
 NEWS_ROW = "REALM, news pre-training (X != Z)"
 # Open-QA rows: label -> (retriever source, reader source); "ict"/"bert" are the warm starts.
 ROWS = {
@@ -103,6 +104,7 @@ def settings() -> Dict:
   out = {name: FLAGS[name].value for name in SETTING_FLAGS}
   out["rows"] = {k: list(v) for k, v in ROWS.items()}
   out["pretrain_runs"] = {k: list(v) for k, v in PRETRAIN_RUNS.items()}
+  out["news_style"] = NEWS_STYLE
   for name in CONFIG_FILES:
     with open(os.path.join(stages.CONFIG_DIR, name)) as f:
       out[f"yaml:{name}"] = f.read()
@@ -138,7 +140,8 @@ def prepare(out: str) -> Dict:
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True,
                                       qa_test_fraction=FLAGS.qa_test_fraction,
-                                      news_seed=seed, news_share=FLAGS.news_share)
+                                      news_seed=seed, news_share=FLAGS.news_share,
+                                      news_style=NEWS_STYLE)
   common = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2,
                 eval_fraction=FLAGS.eval_fraction, seed=seed)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
@@ -150,9 +153,13 @@ def prepare(out: str) -> Dict:
         dirs["sentences"], files["vocab"], d, masking=masking, query_seq_length=32,
         examples_per_sentence=2, eval_fraction=FLAGS.eval_fraction, seed=seed)
     dirs[f"pretrain_{masking}"] = d
+  # Nothing reads a news eval split (the news run validates on the encyclopedia's held-out
+  # sentences): every news item trains.
   news = pipeline.prepare_all(files["news"], files["vocab"], os.path.join(out, "news"),
-                              patterns_file=files["patterns"], source_corpus="news", **common)
+                              patterns_file=files["patterns"], source_corpus="news",
+                              **dict(common, eval_fraction=0.0))
   dirs["pretrain_news"] = news["dirs"]["pretrain"]
+  check = news_check(files, dirs["sentences"], news["dirs"]["sentences"])
   reading = stages.prepare_reading_worlds(out, files["vocab"], stages.reading_worlds(seed), seed)
   subject = {q["question"]: f["subject"] for q, f in synthetic_world.qa_facts(world)}
   with open(files["qa_test"]) as f:
@@ -161,13 +168,39 @@ def prepare(out: str) -> Dict:
                   num_blocks=prepared["blocks"]["num_blocks"],
                   num_held_out_sentences=prepared["pretrain"]["num_eval"],
                   num_news_sentences=news["pretrain"]["num_train"],
-                  test_subjects={q: subject[q] for q in test})
+                  test_subjects={q: subject[q] for q in test}, news_check=check)
   say(f"world: {len(world.articles)} articles, {prepared['num_blocks']} blocks, "
       f"{prepared['num_held_out_sentences']} held-out masked sentences, {len(test)} test "
       f"questions; news: {prepared['num_news_sentences']} masked training sentences")
   with open(done, "w") as f:
     json.dump(prepared, f)
   return prepared
+
+
+class NewsCannotTeachError(RuntimeError):
+  """The news corpus has fewer useful examples than X = Z (``data_prep.useful_examples``)."""
+
+
+def news_check(files: Dict, z_sentences: str, news_sentences: str) -> Dict:
+  """The model-free check (``data_prep.useful_examples``) of the news against X = Z on this
+  world; raises ``NewsCannotTeachError`` when the news has fewer useful examples per fact or a
+  smaller share of facts with one, since its rows would then measure a corpus that cannot
+  teach. Returns both counts (without the per-fact lists)."""
+  from data_prep import useful_examples  # pylint: disable=g-import-not-at-top
+  with open(files["facts"]) as f:
+    facts = [json.loads(line) for line in f if line.strip()]
+  result = useful_examples.compare(
+      z_sentences, facts, FLAGS.eval_fraction, news_sentences, 0.0,
+      useful_examples.test_fact_indices(files["qa"], files["qa_test"]))
+  for line in useful_examples.lines(result):
+    say("useful examples: " + line)
+  lacking = useful_examples.shortfall(result)
+  if lacking:
+    raise NewsCannotTeachError(
+        "refusing to run the news rows: the news corpus teaches less than X = Z ("
+        + "; ".join(lacking) + f"); see python -m experiments.tables --check_news "
+        f"(news_share {FLAGS.news_share:g}, style {NEWS_STYLE!r})")
+  return {k: {n: v for n, v in r.items() if n != "counts"} for k, r in result.items()}
 
 
 # ---------------------------------------------------------------------------- warm starts --
@@ -219,16 +252,20 @@ def slug(label: str) -> str:
 def finetune(clock, base: str, data: Dict, sources: Dict[str, str], seed: int) -> Dict:
   """The Open-QA rows (``ROWS``) side by side (``stages.openqa_rows``); label -> {"em",
   "top_5_match" (fine-tuned), "zero_shot_recall_at_5" (the initialization's top-5 match),
-  "questions"}."""
+  "questions", and per test question in file order: "em_by_question" (a 0/1 string: the
+  prediction is an exact match) and "predictions" (the predicted answers)}."""
   runs = {slug(label): pair for label, pair in ROWS.items()}
   done = stages.openqa_rows(clock, base, runs, sources, data["files"], data["dirs"]["blocks"],
                             seed=seed)
   results = {}
   for label in ROWS:
     before, after = done[slug(label)]["before"], done[slug(label)]["after"]
+    records = after["question_records"]
     results[label] = dict(em=after["official_exact_match"], top_5_match=after["top_5_match"],
                           zero_shot_recall_at_5=before["top_5_match"],
-                          questions=after["questions"])
+                          questions=after["questions"],
+                          em_by_question="".join("1" if r["correct"] else "0" for r in records),
+                          predictions=[r["prediction"] for r in records])
     clock.say(f"seed {seed} {label}: EM {results[label]['em']:.3f}, zero-shot R@5 "
               f"{results[label]['zero_shot_recall_at_5']:.3f}")
   return results
@@ -273,6 +310,18 @@ def split_by_coverage(hits: Sequence[bool], data: Dict) -> Dict:
     out[name] = sum(chosen) / len(chosen) if chosen else float("nan")
     out[f"{name}_questions"] = len(chosen)
   return out
+
+
+def index_ages(model_dir: str) -> Dict:
+  """A REALM run's index age: steps between the checkpoint whose block tower built the index a
+  batch retrieved from and the trainer's step. ``by_interval``: ``[(step, mean age over the
+  summary interval ending there)]`` (the trainer's ``index_age`` summaries; an interval is one
+  refresh period); ``mean`` and ``max`` over them."""
+  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
+  series = model_dir_lib.read_summaries(model_dir, "train").get("index_age", [])
+  values = [v for _, v in series]
+  return dict(by_interval=series, mean=sum(values) / len(values) if values else None,
+              max=max(values) if values else None)
 
 
 # ------------------------------------------------------------------------------- Table 3 --
@@ -368,6 +417,7 @@ def run_seed(out: str, results_dir: str, seed: int) -> str:
     table3 = table3_probabilities(data, realm_dirs["realm"], warm["bert"])
   curves = {name: model_dir_lib.read_summaries(realm_dirs[name], "validation")
             for name in PLOTTED}
+  ages = {name: index_ages(model_dir) for name, model_dir in realm_dirs.items()}
   result = dict(
       seed=seed, fingerprints=fingerprints, settings={k: v for k, v in config.items()
                                                       if not k.startswith("yaml:")},
@@ -375,7 +425,8 @@ def run_seed(out: str, results_dir: str, seed: int) -> str:
       world=dict(num_blocks=data["num_blocks"], test_questions=data["num_test_questions"],
                  held_out_sentences=data["num_held_out_sentences"],
                  news_sentences=data["num_news_sentences"]),
-      openqa=openqa, zero_shot=zero_shot,
+      test_questions=list(data["test_subjects"]), news_check=data["news_check"],
+      openqa=openqa, zero_shot=zero_shot, index_ages=ages,
       table3=dict(examples=table3[:FLAGS.table3_examples], count=len(table3),
                   medians={k: float(np.median([r[k] for r in table3])) if table3 else None
                            for k, _ in TABLE3_COLUMNS}),

@@ -64,7 +64,10 @@ flags.DEFINE_integer("staleness", 30, "How many times staler the stale-index abl
 flags.DEFINE_integer("validation_every", 100,
                      "Validation interval of the plotted runs (refreshed, stale, news).")
 flags.DEFINE_integer("table3_examples", 5, "Held-out sentences kept for Table 3's examples.")
-flags.DEFINE_float("news_share", 0.5, "Share of the entities whose facts the news restates.")
+flags.DEFINE_float("news_share", 1.0, "Share of the entities whose facts the news restates "
+                   "(every one: the news then has at least X = Z's useful examples).")
+flags.DEFINE_bool("check_news", False, "Prepare the world (under --output_dir) and print the "
+                  "model-free check of the news against X = Z (data_prep.useful_examples).")
 flags.DEFINE_float("lr_retriever", 1.0, "task.lr_retriever of every REALM run.")
 
 NEWS_ROW = table_seed.NEWS_ROW
@@ -105,29 +108,21 @@ def fmt(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
   return f"{m * scale:.{digits}f} +- {h * scale:.{digits}f}"
 
 
-def separated(a: Sequence[float], b: Sequence[float]) -> str:
-  """Whether two cells' 95% intervals are disjoint: '>' / '<' / 'not separated'."""
-  (ma, ha), (mb, hb) = mean_ci(a), mean_ci(b)
-  if math.isnan(ha) or math.isnan(hb):
-    return "one seed: no interval"
-  if ma - ha > mb + hb:
-    return ">"
-  if ma + ha < mb - hb:
-    return "<"
-  return "not separated"
-
-
 def paired_difference(hits_a: Sequence[str], hits_b: Sequence[str], resamples: int = 10000,
                       rng_seed: int = 0) -> Dict:
-  """Recall of retriever a minus b on the same questions, per seed (``hits_*[s]`` is seed s's
-  per-question 0/1 string). Two supplementary intervals: paired over seeds (Student t over the
-  per-seed differences; a seed's REALM starts from that seed's ICT) and over questions (the
-  seed-averaged per-question difference, ``resamples`` bootstrap resamples of the questions)."""
+  """Per-question outcomes of row a minus row b on the same questions, paired (``hits_*[s]`` is
+  seed s's per-question 0/1 string, the questions in one order in every seed).
+
+  ``per_seed``: each seed's mean difference (a seed's rows share its warm starts); ``mean``;
+  ``seeds_ci``: 95% Student t interval over seeds (n - 1 df; nan with one seed); ``questions_ci``:
+  95% question-clustered bootstrap interval (``resamples`` resamples of the questions, each
+  question keeping its values in every seed; percentiles); ``boot``: the resampled means;
+  ``signs``: ``(seeds above 0, seeds below 0, seeds)``."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   a = np.array([[c == "1" for c in h] for h in hits_a], dtype=np.float64)
   b = np.array([[c == "1" for c in h] for h in hits_b], dtype=np.float64)
   if a.shape != b.shape or a.ndim != 2:
-    raise ValueError(f"per-question hits of different shapes: {a.shape} and {b.shape} "
+    raise ValueError(f"per-question records of different shapes: {a.shape} and {b.shape} "
                      "(every seed must score the same questions)")
   per_seed = (a.mean(axis=1) - b.mean(axis=1)).tolist()
   per_question = (a - b).mean(axis=0)
@@ -136,22 +131,164 @@ def paired_difference(hits_a: Sequence[str], hits_b: Sequence[str], resamples: i
   boot = per_question[idx].mean(axis=1)
   mean, half = mean_ci(per_seed)
   return dict(per_seed=per_seed, mean=mean, seeds_ci=(mean - half, mean + half),
-              questions_ci=(float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))))
+              questions_ci=(float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))),
+              boot=boot, signs=(sum(d > 0 for d in per_seed), sum(d < 0 for d in per_seed),
+                                len(per_seed)))
 
 
-def paired_lines(runs: Sequence[Dict], pairs: Sequence) -> List[str]:
-  """One Markdown line per ``(label, retriever a, retriever b)``: the paired differences."""
-  lines = []
-  for label, ra, rb in pairs:
-    d = paired_difference([r["zero_shot"][ra]["hits"] for r in runs],
-                          [r["zero_shot"][rb]["hits"] for r in runs])
-    seeds_ci = ("one seed" if math.isnan(d["seeds_ci"][0]) else
-                "[{:+.1f}, {:+.1f}]".format(*(100 * x for x in d["seeds_ci"])))
-    lines.append(f"- {label}: {100 * d['mean']:+.1f} points (per seed "
-                 + ", ".join(f"{100 * x:+.1f}" for x in d["per_seed"])
-                 + f"); paired over seeds {seeds_ci}; over questions "
-                 + "[{:+.1f}, {:+.1f}]".format(*(100 * x for x in d["questions_ci"])))
-  return lines
+def t_interval(values: Sequence[float], level: float):
+  """The ``level`` Student t interval (n - 1 df) of the mean of ``values``; nans for one."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  values = [float(v) for v in values]
+  m = statistics.fmean(values)
+  if len(values) < 2:
+    return (float("nan"), float("nan"))
+  half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * statistics.stdev(values) / math.sqrt(
+      len(values))
+  return (m - half, m + half)
+
+
+def p_values(d: Dict) -> Dict[str, float]:
+  """Two-sided p-values of a :func:`paired_difference`: ``seeds`` (one-sample t over the
+  per-seed differences; 1 with one seed) and ``questions`` (the bootstrap's: twice the smaller
+  share of resampled means on either side of 0)."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  x = np.asarray(d["per_seed"])
+  if x.size < 2:
+    p_seeds = 1.0
+  elif x.std(ddof=1) == 0:
+    p_seeds = 0.0 if x.mean() != 0 else 1.0
+  else:
+    p_seeds = float(2 * stats.t.sf(abs(x.mean()) / (x.std(ddof=1) / math.sqrt(x.size)),
+                                   x.size - 1))
+  boot = d["boot"]
+  p_questions = float(min(1.0, 2 * min((boot <= 0).mean(), (boot >= 0).mean())))
+  return {"seeds": p_seeds, "questions": p_questions}
+
+
+def holm(p: Sequence[float], alpha: float = 0.05) -> List[Dict]:
+  """Holm's step-down procedure over ``p``: for each, in the given order, ``rank`` (0 for the
+  smallest p), ``level`` (the confidence level its intervals are judged at, 1 - alpha / (m -
+  rank)) and ``rejected``."""
+  m = len(p)
+  order = sorted(range(m), key=lambda i: p[i])
+  out = [None] * m
+  going = True
+  for rank, i in enumerate(order):
+    threshold = alpha / (m - rank)
+    going = going and p[i] <= threshold
+    out[i] = dict(rank=rank, level=1 - threshold, rejected=going)
+  return out
+
+
+# The pre-registered comparisons (experiments/NOTES.md, section 22), in the paper's direction:
+# (label, outcome, row a, row b); the outcome is "recall" (zero-shot recall@5 of the row's
+# retriever) or "em" (the fine-tuned row's exact match).
+PRIMARY = (
+    ("(a) REALM - ICT, zero-shot recall@5", "recall", "REALM", "baseline (ORQA)"),
+    ("(b) REALM - ORQA, EM", "em", "REALM", "baseline (ORQA)"),
+    ("(c) news REALM - ICT, zero-shot recall@5", "recall", NEWS_ROW, "baseline (ORQA)"),
+    ("(d) news REALM - ORQA, EM", "em", NEWS_ROW, "baseline (ORQA)"),
+)
+SECONDARY = (
+    ("salient - random span masks, EM", "em", "REALM", "random span masks"),
+    ("salient - random span masks, zero-shot recall@5", "recall", "REALM", "random span masks"),
+    ("random span - uniform masks, EM", "em", "random span masks", "random uniform masks"),
+    ("random span - uniform masks, zero-shot recall@5", "recall", "random span masks",
+     "random uniform masks"),
+    ("fresh - 30x staler index, EM", "em", "REALM", "30x staler index"),
+    ("fresh - 30x staler index, zero-shot recall@5", "recall", "REALM", "30x staler index"),
+    ("REALM retriever + baseline encoder - ORQA, EM", "em",
+     "REALM retriever + baseline encoder", "baseline (ORQA)"),
+    ("baseline retriever + REALM encoder - ORQA, EM", "em",
+     "baseline retriever + REALM encoder", "baseline (ORQA)"),
+    ("REALM - REALM retriever + baseline encoder, EM", "em", "REALM",
+     "REALM retriever + baseline encoder"),
+    ("news - X = Z, EM", "em", NEWS_ROW, "REALM"),
+    ("news - X = Z, zero-shot recall@5", "recall", NEWS_ROW, "REALM"),
+)
+
+
+def outcomes(run: Dict, outcome: str, row: str) -> str:
+  """A row's per-question 0/1 string in one seed file: zero-shot hits of its retriever, or
+  its fine-tuned exact matches."""
+  if outcome == "recall":
+    return run["zero_shot"][ROWS[row][0]]["hits"]
+  return run["openqa"][row]["em_by_question"]
+
+
+def comparison(runs: Sequence[Dict], outcome: str, a: str, b: str) -> Dict:
+  d = paired_difference([outcomes(r, outcome, a) for r in runs],
+                        [outcomes(r, outcome, b) for r in runs])
+  d["p"] = p_values(d)
+  return d
+
+
+def _interval(lo_hi) -> str:
+  lo, hi = lo_hi
+  return "none (one seed)" if math.isnan(lo) else f"[{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def analysis(runs: Sequence[Dict]) -> Dict[str, List]:
+  """The pre-registered analysis: ``{"primary": [...], "secondary": [...]}``, each a dict with
+  ``label``, the :func:`paired_difference` numbers, ``p`` and, for the primary ones, ``holm``,
+  the intervals at Holm's level (``seeds_adjusted``, ``questions_adjusted``) and ``verdict``:
+  "holds" when both adjusted intervals exclude 0 in the paper's direction (above), else "not
+  established"."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  out = {"primary": [], "secondary": []}
+  for label, outcome, a, b in PRIMARY:
+    out["primary"].append(dict(comparison(runs, outcome, a, b), label=label))
+  adjusted = holm([max(c["p"].values()) for c in out["primary"]])
+  for c, h in zip(out["primary"], adjusted):
+    tail = 100 * (1 - h["level"]) / 2
+    c["holm"] = h
+    c["seeds_adjusted"] = t_interval(c["per_seed"], h["level"])
+    c["questions_adjusted"] = (float(np.percentile(c["boot"], tail)),
+                               float(np.percentile(c["boot"], 100 - tail)))
+    holds = (h["rejected"] and c["seeds_adjusted"][0] > 0 and c["questions_adjusted"][0] > 0)
+    c["verdict"] = "holds" if holds else "not established"
+  for label, outcome, a, b in SECONDARY:
+    c = dict(comparison(runs, outcome, a, b), label=label)
+    excludes = all(lo > 0 or hi < 0 for lo, hi in (c["seeds_ci"], c["questions_ci"]))
+    c["verdict"] = ("both 95% intervals exclude 0" if excludes
+                    else "not established (an interval includes 0)")
+    out["secondary"].append(c)
+  return out
+
+
+def analysis_line(c: Dict) -> str:
+  """One comparison as a Markdown list line: the number, both intervals, the signs and the
+  verdict."""
+  up, down, n = c["signs"]
+  line = (f"- {c['label']}: {100 * c['mean']:+.1f} points; 95% over seeds "
+          f"{_interval(c['seeds_ci'])}, over questions (clustered bootstrap) "
+          f"{_interval(c['questions_ci'])}; {up} of {n} seeds above 0, {down} below")
+  if "holm" in c:
+    level = 100 * c["holm"]["level"]
+    line += (f"; Holm level {level:.2f}%: over seeds {_interval(c['seeds_adjusted'])}, over "
+             f"questions {_interval(c['questions_adjusted'])}")
+  return line + f" -> **{c['verdict']}**"
+
+
+def record_cells(run: Dict) -> Dict[str, Dict[str, float]]:
+  """Each row's EM and zero-shot recall@5 recomputed from one seed file's per-question
+  records; raises ValueError when a record disagrees with the seed's own summary (its count of
+  questions or its mean)."""
+  cells = {}
+  for label in ROWS:
+    em_str, hits = outcomes(run, "em", label), outcomes(run, "recall", label)
+    row = run["openqa"][label]
+    for name, s, stored in (("EM", em_str, row["em"]),
+                            ("zero-shot recall@5", hits, row["zero_shot_recall_at_5"])):
+      if len(s) != row["questions"] or abs(s.count("1") / len(s) - stored) > 1e-9:
+        raise ValueError(f"seed {run['seed']} row {label!r}: {name} of its {len(s)} "
+                         f"per-question records is {s.count('1') / max(1, len(s)):.6f}, the "
+                         f"seed file says {stored:.6f} over {row['questions']:g} questions")
+    cells[label] = {"em": em_str.count("1") / len(em_str),
+                    "zero_shot_recall_at_5": hits.count("1") / len(hits)}
+  return cells
 
 
 def say(message: str) -> None:
@@ -270,8 +407,10 @@ def render(out: str, seeds: Dict[int, Dict], tables: Sequence[str]) -> str:
   runs = list(seeds.values())
   setting = setting_line(seeds)
   printed = []
-  em = {label: [r["openqa"][label]["em"] for r in runs] for label in ROWS}
-  r5 = {label: [r["openqa"][label]["zero_shot_recall_at_5"] for r in runs] for label in ROWS}
+  # Every cell from the per-question records (record_cells checks them against the summary).
+  cells = [record_cells(r) for r in runs]
+  em = {label: [c[label]["em"] for c in cells] for label in ROWS}
+  r5 = {label: [c[label]["zero_shot_recall_at_5"] for c in cells] for label in ROWS}
   if "1" in tables:
     body = [[label, fmt(em[row]), " / ".join(f"{v:.1f}" for v in PAPER_TABLE1[paper])]
             for label, (row, paper) in TABLE1_ROWS.items()]
@@ -282,37 +421,26 @@ def render(out: str, seeds: Dict[int, Dict], tables: Sequence[str]) -> str:
              f"{PAPER_TABLE2[label][0]:.1f} / {PAPER_TABLE2[label][1]:.1f}"
              if PAPER_TABLE2[label] else "not in Table 2 (Table 1's CC-News)"]
             for label in ROWS]
-    orderings = [
-        ("REALM vs baseline (zero-shot R@5)", separated(r5["REALM"], r5["baseline (ORQA)"])),
-        ("REALM vs baseline (EM)", separated(em["REALM"], em["baseline (ORQA)"])),
-        ("news REALM vs baseline (zero-shot R@5)", separated(r5[NEWS_ROW],
-                                                             r5["baseline (ORQA)"])),
-        ("news REALM vs baseline (EM)", separated(em[NEWS_ROW], em["baseline (ORQA)"])),
-        ("news REALM vs REALM (zero-shot R@5)", separated(r5[NEWS_ROW], r5["REALM"])),
-        ("salient vs random span (EM)", separated(em["REALM"], em["random span masks"])),
-        ("random span vs uniform (EM)", separated(em["random span masks"],
-                                                  em["random uniform masks"])),
-        ("fresh vs 30x staler (EM)", separated(em["REALM"], em["30x staler index"])),
-        ("fresh vs 30x staler (zero-shot R@5)", separated(r5["REALM"], r5["30x staler index"])),
-    ]
-    split_rows = []
-    for label in ("baseline (ORQA)", "REALM", NEWS_ROW, "30x staler index"):
-      z = [r["zero_shot"][ROWS[label][0]] for r in runs]
-      split_rows.append(f"| {label} | {fmt([x['overall'] for x in z])} | "
-                        f"{fmt([x['covered'] for x in z])} | "
-                        f"{fmt([x['never_covered'] for x in z])} |")
+    found = analysis(runs)
+    note = (setting + "\n\nPaired comparisons, as pre-registered (experiments/NOTES.md, "
+            "section 22): a primary ordering **holds** when its interval over seeds (Student t) "
+            "and its question-clustered bootstrap interval both exclude 0 in the paper's "
+            "direction at Holm's level over the four primary comparisons.\n\nPrimary:\n"
+            + "\n".join(analysis_line(c) for c in found["primary"])
+            + "\n\nSecondary (95%, unadjusted):\n"
+            + "\n".join(analysis_line(c) for c in found["secondary"]))
     z0 = runs[0]["zero_shot"]["ict"]
-    split = ("Zero-shot recall@5 (%) by whether the news covers the question's subject "
-             f"({z0['covered_questions']} covered, {z0['never_covered_questions']} never "
-             "covered; exact retrieval, per question):\n\n| retriever of | all | covered | "
-             "never covered |\n|---|---|---|---|\n" + "\n".join(split_rows))
-    paired = paired_lines(runs, [("REALM - ICT", "realm", "ict"),
-                                 ("news REALM - ICT", "news", "ict"),
-                                 ("30x staler - ICT", "stale", "ict")])
-    note = (setting + "\n\nOrderings (95% intervals disjoint?):\n" +
-            "\n".join(f"- {name}: {verdict}" for name, verdict in orderings) + "\n\n" + split
-            + "\n\nPaired differences in zero-shot recall@5 (supplementary, 95%; the orderings "
-            "above compare the rows' own intervals):\n" + "\n".join(paired))
+    if z0["never_covered_questions"]:
+      split_rows = []
+      for label in ("baseline (ORQA)", "REALM", NEWS_ROW, "30x staler index"):
+        z = [r["zero_shot"][ROWS[label][0]] for r in runs]
+        split_rows.append(f"| {label} | {fmt([x['overall'] for x in z])} | "
+                          f"{fmt([x['covered'] for x in z])} | "
+                          f"{fmt([x['never_covered'] for x in z])} |")
+      note += ("\n\nZero-shot recall@5 (%) by whether the news covers the question's subject "
+               f"({z0['covered_questions']} covered, {z0['never_covered_questions']} never "
+               "covered; exact retrieval, per question):\n\n| retriever of | all | covered | "
+               "never covered |\n|---|---|---|---|\n" + "\n".join(split_rows))
     printed.append(write_table(out, "table2", ["row", "EM (%)", "zero-shot recall@5 (%)",
                                                "paper EM / R@5"], body, note))
     plot_curves(out, runs, ["qa_recall@5", "recall@5", "retrieval_utility"])
@@ -370,6 +498,11 @@ def main(argv):
   tables = sorted(set(FLAGS.table))
   if not set(tables) <= {"1", "2", "3"}:
     raise app.UsageError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
+  if FLAGS.check_news:
+    from data_prep import useful_examples  # pylint: disable=g-import-not-at-top
+    data = table_seed.prepare(os.path.abspath(FLAGS.output_dir))
+    print("\n".join(useful_examples.lines(data["news_check"])))
+    return
   if FLAGS.render:
     os.makedirs(FLAGS.render_dir, exist_ok=True)
     print(render(FLAGS.render_dir, load_seeds(FLAGS.results_dir), tables))

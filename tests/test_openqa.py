@@ -496,6 +496,10 @@ def test_official_exact_match_from_wordpiece_positions(tiny):
     state = task.aggregate_logs(state, {k: (np.array(v),) for k, v in step.items()})
   logs = task.reduce_aggregated_logs(state)
   assert logs == {"official_exact_match": 0.75, "questions": 4.0}
+  # Per question, in the file's order, the first prediction of each (the tables' records).
+  assert [(r["question"], r["prediction"], r["correct"]) for r in task.question_records] == [
+      (QUESTIONS[0].question, "Paris", True), (QUESTIONS[1].question, "the river Thames", True),
+      (QUESTIONS[2].question, "Madrid", False), (QUESTIONS[3].question, "Paris", True)]
   block = tiny["builder"].block_texts([2])[0]
   assert predict_lib.span_text(block, 8, 10) == "the river Thames"
   assert predict_lib.span_text(block, 10, 12) == ""          # past the block: no answer

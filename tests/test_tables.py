@@ -32,13 +32,6 @@ def test_mean_ci_is_student_t():
   assert tables.fmt(values) == f"{100 * m:.1f} +- {100 * h:.1f}"
 
 
-def test_separated_needs_disjoint_intervals():
-  assert tables.separated([0.50, 0.52, 0.51], [0.30, 0.31, 0.29]) == ">"
-  assert tables.separated([0.30, 0.31, 0.29], [0.50, 0.52, 0.51]) == "<"
-  # Means 0.05 apart but seed noise of the same size: not separated.
-  assert tables.separated([0.40, 0.50, 0.45], [0.38, 0.45, 0.37]) == "not separated"
-
-
 def test_paired_difference_against_numpy():
   import numpy as np  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(3)
@@ -65,14 +58,26 @@ def test_write_table_markdown_and_csv(tmp_path):
     assert list(csv.reader(f)) == [["a", "b"], ["x", "1.0 +- 0.2"]]
 
 
+def _bits(rng, p, n=200):
+  return "".join("1" if x else "0" for x in rng.random(n) < p)
+
+
 def _fake_seed(rng, seed, fingerprints=("c0de", "c0f1"), **settings):
-  """A seed file as table_seed.run_seed writes it, with random numbers."""
-  openqa = {label: dict(em=rng.uniform(0.2, 0.6), zero_shot_recall_at_5=rng.uniform(0.1, 0.5),
-                        top_5_match=0.5, questions=200) for label in tables.ROWS}
-  zero_shot = {r: dict(overall=rng.uniform(), covered=rng.uniform(), never_covered=rng.uniform(),
-                       covered_questions=90, never_covered_questions=110, questions=200,
-                       hits="01")
-               for r, _ in tables.ROWS.values()}
+  """A seed file as table_seed.run_seed writes it, with random per-question records and the
+  summaries they give."""
+  zero_shot = {}
+  for r, _ in tables.ROWS.values():
+    hits = _bits(rng, rng.uniform(0.1, 0.5))
+    zero_shot[r] = dict(overall=hits.count("1") / 200, covered=rng.uniform(),
+                        never_covered=rng.uniform(), covered_questions=90,
+                        never_covered_questions=110, questions=200, hits=hits)
+  openqa = {}
+  for label, (retriever, _) in tables.ROWS.items():
+    em = _bits(rng, rng.uniform(0.2, 0.6))
+    openqa[label] = dict(em=em.count("1") / 200, em_by_question=em,
+                         predictions=["x"] * 200,
+                         zero_shot_recall_at_5=zero_shot[retriever]["overall"],
+                         top_5_match=0.5, questions=200)
   examples = [dict(sentence=f"s{i}", answer="a", bert_null=0.01, realm_null=0.02,
                    realm_gold=0.7, realm_marginal=0.3) for i in range(3)]
   medians = {k: rng.uniform() for k, _ in table_seed.TABLE3_COLUMNS}
@@ -114,10 +119,13 @@ def test_render_every_table_and_the_plot_from_seed_files(tmp_path):
   assert tables.fmt(covered) in (tmp_path / "table2.md").read_text()
   medians = [s["table3"]["medians"]["realm_gold"] for s in seeds]
   assert f"{statistics.fmean(medians):.3g}" in (tmp_path / "table3.md").read_text()
-  assert "REALM vs baseline (zero-shot R@5)" in (tmp_path / "table2.md").read_text()
   d = tables.paired_difference([s["zero_shot"]["realm"]["hits"] for s in seeds],
                                [s["zero_shot"]["ict"]["hits"] for s in seeds])
-  assert f"- REALM - ICT: {100 * d['mean']:+.1f} points" in (tmp_path / "table2.md").read_text()
+  table2 = (tmp_path / "table2.md").read_text()
+  assert f"- (a) REALM - ICT, zero-shot recall@5: {100 * d['mean']:+.1f} points" in table2
+  for label, *_ in tables.PRIMARY + tables.SECONDARY:
+    assert f"- {label}: " in table2
+  assert "disjoint" not in table2
   assert "3 seed(s) (0, 1, 2)" in (tmp_path / "table1.md").read_text()
   assert (tmp_path / "staleness.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -217,6 +225,14 @@ def test_one_seed_smallest_run_and_render(tmp_path):
     assert z["covered_questions"] + z["never_covered_questions"] == z["questions"]
     assert z["overall"] == pytest.approx(z["hits"].count("1") / z["questions"])
   assert seed["curves"]["news"]["qa_recall@5"] and seed["curves"]["stale"]["recall@5"]
+  # Per-question records: every row's cells come back from them; every run's index ages.
+  tables.record_cells(seed)
+  for row in seed["openqa"].values():
+    assert len(row["em_by_question"]) == len(row["predictions"]) == len(seed["test_questions"])
+  assert set(seed["index_ages"]) == set(table_seed.PRETRAIN_RUNS)
+  for ages in seed["index_ages"].values():
+    assert ages["by_interval"] and 0 <= ages["mean"] <= ages["max"]
+  assert seed["news_check"]["x"]["per_fact"] >= seed["news_check"]["x_is_z"]["per_fact"]
   assert seed["fingerprints"]["code"] == table_seed.code_fingerprint()
   proc = helpers.run_process("experiments.tables", "--render", f"--results_dir={results}",
                              f"--render_dir={tmp_path}")
@@ -231,3 +247,81 @@ def test_paper_scale_prints_the_recipe():
   proc = helpers.run_process("experiments.tables", "--scale=paper")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "realm-convert" in proc.stdout and "33.3 / 36.4 / 30.1" in proc.stdout
+
+
+def test_cells_are_recomputed_from_per_question_records():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  seed = _fake_seed(np.random.default_rng(5), 0)
+  cells = tables.record_cells(seed)
+  for label in tables.ROWS:
+    assert cells[label]["em"] == pytest.approx(seed["openqa"][label]["em"])
+    assert cells[label]["zero_shot_recall_at_5"] == pytest.approx(
+        seed["openqa"][label]["zero_shot_recall_at_5"])
+  seed["openqa"]["REALM"]["em"] += 0.01
+  with pytest.raises(ValueError, match="seed 0 row 'REALM': EM of its 200 per-question"):
+    tables.record_cells(seed)
+  seed = _fake_seed(np.random.default_rng(5), 0)
+  seed["zero_shot"]["ict"]["hits"] = seed["zero_shot"]["ict"]["hits"][:-1]
+  with pytest.raises(ValueError, match="zero-shot recall@5 of its 199"):
+    tables.record_cells(seed)
+
+
+def test_holm_step_down_against_the_rule():
+  # Thresholds 0.05/4, 0.05/3, 0.05/2, 0.05 in order of p: the second smallest (0.02 > 0.0167)
+  # stops the procedure, so only the smallest is rejected.
+  out = tables.holm([0.3, 0.001, 0.04, 0.02])
+  assert [o["rejected"] for o in out] == [False, True, False, False]
+  assert [o["rank"] for o in out] == [3, 0, 2, 1]
+  assert [round(o["level"], 5) for o in out] == [0.95, 0.9875, 0.975, round(1 - 0.05 / 3, 5)]
+  assert [o["rejected"] for o in tables.holm([0.01, 0.012, 0.02, 0.049])] == [True] * 4
+
+
+def test_t_interval_and_p_values_against_scipy():
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  x = [0.04, 0.07, 0.01, 0.05, -0.01, 0.03]
+  lo, hi = tables.t_interval(x, 0.95)
+  ref = stats.t.interval(0.95, 5, loc=np.mean(x), scale=stats.sem(x))
+  assert (lo, hi) == pytest.approx(ref)
+  assert tables.mean_ci(x)[1] == pytest.approx((hi - lo) / 2, rel=1e-3)
+  d = dict(per_seed=x, boot=np.array([-0.01] * 30 + [0.02] * 970))
+  p = tables.p_values(d)
+  assert p["seeds"] == pytest.approx(stats.ttest_1samp(x, 0).pvalue)
+  assert p["questions"] == pytest.approx(0.06)
+  assert tables.p_values(dict(per_seed=[0.1], boot=np.zeros(10)))["seeds"] == 1.0
+
+
+def test_analysis_on_constructed_seeds_with_known_answers():
+  """(a): REALM finds 30 more of 200 questions than ICT in every seed -> holds, +15 points
+  with both intervals at that value. (b): the same per-question EM in both rows -> 0 and not
+  established. (c): news REALM above ICT in three seeds and below in three by the same amount
+  -> mean 0, signs 3/3, not established."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(7)
+  seeds = []
+  for s in range(6):
+    seed = _fake_seed(rng, s)
+    ict = "0" * 30 + "1" * 20 + _bits(rng, 0.4, 150)
+    seed["zero_shot"]["ict"]["hits"] = ict
+    seed["zero_shot"]["realm"]["hits"] = "1" * 30 + ict[30:]
+    seed["zero_shot"]["news"]["hits"] = ("1" * 20 + ict[20:] if s % 2 else
+                                         ict[:30] + "0" * 20 + ict[50:])
+    same = _bits(rng, 0.5)
+    seed["openqa"]["REALM"]["em_by_question"] = same
+    seed["openqa"]["baseline (ORQA)"]["em_by_question"] = same
+    seeds.append(seed)
+  found = tables.analysis(seeds)
+  a, b, c, _ = found["primary"]
+  assert a["mean"] == pytest.approx(0.15) and a["signs"] == (6, 0, 6)
+  assert a["seeds_ci"] == pytest.approx((0.15, 0.15)) and a["verdict"] == "holds"
+  assert a["questions_ci"][0] > 0.1
+  assert b["mean"] == 0 and b["signs"] == (0, 0, 6) and b["verdict"] == "not established"
+  assert c["mean"] == pytest.approx(0) and c["signs"] == (3, 3, 6)
+  assert c["verdict"] == "not established"
+  line = tables.analysis_line(a)
+  assert line.startswith("- (a) REALM - ICT, zero-shot recall@5: +15.0 points; 95% over seeds "
+                         "[+15.0, +15.0]") and "6 of 6 seeds above 0" in line
+  assert "Holm level" in line and line.endswith("-> **holds**")
+  # One seed: no interval over seeds, nothing established.
+  one = tables.analysis(seeds[:1])["primary"][0]
+  assert one["verdict"] == "not established" and "none (one seed)" in tables.analysis_line(one)

@@ -83,6 +83,8 @@ class OpenQaTask(base.RealmBaseTask):
     self._builder: Optional[inputs_lib.OpenQaInputBuilder] = None
     self._questions: Dict[bool, List[inputs_lib.Question]] = {}
     self._embed = None
+    # The last evaluation's questions: {"question", "prediction", "correct"}, in file order.
+    self.question_records: List[Dict] = []
 
   # ---------------------------------------------------------------------- model --
 
@@ -281,13 +283,16 @@ class OpenQaTask(base.RealmBaseTask):
     the block, scored with ORQA's ``eval_utils`` rules."""
     questions = self._questions.get(False, [])
     builder = self.builder()
-    seen, correct = set(), []
+    records = {}
     for q_index, block_id, start, end in zip(*(aggregated_logs[k] for k in PREDICTION_KEYS)):
-      if q_index < 0 or q_index in seen:
+      if q_index < 0 or q_index in records:
         continue
-      seen.add(q_index)
       text = predict.span_text(builder.block_texts([block_id])[0], start, end)
-      correct.append(inputs_lib.official_match(text, questions[q_index]))
+      records[q_index] = {"question": questions[q_index].question, "prediction": text,
+                          "correct": bool(inputs_lib.official_match(text, questions[q_index]))}
+    # Per question, in the file's order (the mean of "correct" is official_exact_match).
+    self.question_records = [records[i] for i in sorted(records)]
+    correct = [r["correct"] for r in self.question_records]
     return {"official_exact_match": float(np.mean(correct)) if correct else 0.0,
             "questions": float(len(correct))}
 
