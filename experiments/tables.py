@@ -282,7 +282,8 @@ def record_cells(run: Dict) -> Dict[str, Dict[str, float]]:
     row = run["openqa"][label]
     for name, s, stored in (("EM", em_str, row["em"]),
                             ("zero-shot recall@5", hits, row["zero_shot_recall_at_5"])):
-      if len(s) != row["questions"] or abs(s.count("1") / len(s) - stored) > 1e-9:
+      # The summaries are float32 means (Keras metrics): equal to the count to ~1e-7.
+      if len(s) != row["questions"] or abs(s.count("1") / len(s) - stored) > 1e-6:
         raise ValueError(f"seed {run['seed']} row {label!r}: {name} of its {len(s)} "
                          f"per-question records is {s.count('1') / max(1, len(s)):.6f}, the "
                          f"seed file says {stored:.6f} over {row['questions']:g} questions")
