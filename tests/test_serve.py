@@ -54,9 +54,9 @@ def request(url, body=None, method=None, token=None, raw=None, headers=None):
     return status, text
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-  root = tmp_path_factory.mktemp("serve")
+def serve_dirs(root):
+  """A random-init Open-QA model over a tiny world's blocks and its brute-force index:
+  ``{"model", "index", "blocks", "titles", "bodies", "questions"}``."""
   w = synthetic_world.generate_world(seed=1, num_regions=1, num_cities=4, num_people=8,
                                      num_organizations=2, num_works=3)
   titles, bodies = [], []
@@ -74,12 +74,20 @@ def world(tmp_path_factory):
   refresher.build_index_for_checkpoint(None, model, blocks, index, refresher.BuildOptions(
       index_type="brute_force", recall_queries=0, progress=False, tensorboard_dir=""))
   questions = [q["question"] for q in w.qa][:12]
+  return dict(model=model, index=index, blocks=blocks, titles=titles, bodies=bodies,
+              questions=questions)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+  root = tmp_path_factory.mktemp("serve")
+  dirs = serve_dirs(root)
+  model, index = dirs["model"], dirs["index"]
   app = app_lib.create_app(
       lambda: service_lib.QAService(model, index, poll_seconds=0.1, max_in_flight=8),
       token=TOKEN, max_question_chars=200, max_body_bytes=4096)
   with app_lib.BackgroundServer(app) as server:  # Its lifespan opens and closes the service.
-    yield dict(root=root, model=model, index=index, blocks=blocks, url=server.url,
-               service=app.state.service, questions=questions, titles=titles, bodies=bodies)
+    yield dict(dirs, root=root, url=server.url, service=app.state.service)
 
 
 def _reference(world, questions):

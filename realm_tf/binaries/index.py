@@ -27,6 +27,8 @@ r"""realm-index: build a MIPS index over a corpus once, and search it from the c
     realm-index upsert --index_dir=idx --new_blocks_dir=more/blocks   # data_prep.blocks' output
     realm-index delete --index_dir=idx --uid=<hex uid> --title="Some title"
     # --model_dir (and --checkpoint) must name the index's own tower; default: what it records.
+    # An update cut short by a crash is rolled forward by the next writer; on demand:
+    realm-index reconcile --index_dir=idx
 
     # Index settings as YAML (an IndexConfig: index_type, recall_queries, scann: {...});
     # the flags override it.
@@ -47,6 +49,7 @@ from realm_tf.data import released
 from realm_tf.retrieval import cli_flags
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
+from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import search as search_lib
 from realm_tf.retrieval import updates
@@ -90,7 +93,7 @@ flags.DEFINE_integer("snippet_chars", 160, "search: characters of block text to 
 cli_flags.define_build_flags()
 
 FLAGS = flags.FLAGS
-COMMANDS = ("build", "delete", "embed", "import", "search", "upsert")
+COMMANDS = ("build", "delete", "embed", "import", "reconcile", "search", "upsert")
 
 
 def _require(*names):
@@ -189,12 +192,19 @@ def delete():
                    ensure_ascii=False))
 
 
+def reconcile():
+  """Rolls the published index forward to its corpus if an update was cut short."""
+  result = _updater().reconcile()
+  print(json.dumps(result or {"index": publish.read_latest(FLAGS.index_dir),
+                              "up_to_date": True}))
+
+
 def main(argv):
   if len(argv) != 2 or argv[1] not in COMMANDS:
     raise errors.RetrievalError(
         f"usage: realm-index {{{'|'.join(COMMANDS)}}} --flags... (got {' '.join(argv[1:])!r})")
   {"build": build, "delete": delete, "embed": embed, "import": import_blocks,
-   "search": search, "upsert": upsert}[argv[1]]()
+   "reconcile": reconcile, "search": search, "upsert": upsert}[argv[1]]()
 
 
 def run():

@@ -46,6 +46,7 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -68,6 +69,10 @@ _TMP_PID_RE = re.compile(r"^\.tmp-.*-(\d+)$")
 # before the index and its manifest), so that a test can kill a build in the middle. Read in
 # _testonly_build_delay(), nowhere else; production never sets it.
 TESTONLY_BUILD_DELAY_ENV = "REALM_TF_TESTONLY_BUILD_DELAY"
+# Test only: the phase of an update (``updates.CRASH_PHASES``) at which the process kills itself
+# with SIGKILL, so that a test can check what a crash there leaves. Read in
+# testonly_crash_point(), nowhere else; production never sets it.
+TESTONLY_CRASH_ENV = "REALM_TF_TESTONLY_CRASH_AT"
 
 
 def index_name(step: int, update: int = 0) -> str:
@@ -273,6 +278,13 @@ def prune(index_dir: str, keep: int) -> List[str]:
   return doomed
 
 
+def testonly_crash_point(phase: str) -> None:
+  """Kills this process with SIGKILL when ``$REALM_TF_TESTONLY_CRASH_AT`` is ``phase`` (tests
+  only: a crash exactly there, with no cleanup of any kind)."""
+  if os.environ.get(TESTONLY_CRASH_ENV) == phase:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _testonly_build_delay() -> None:
   """Sleeps ``$REALM_TF_TESTONLY_BUILD_DELAY`` seconds if that is set (tests only)."""
   seconds = float(os.environ.get(TESTONLY_BUILD_DELAY_ENV) or 0)
@@ -347,6 +359,7 @@ def publish(index: mips_index.MipsIndex,
     _remove_dir(index_dir, name)
   os.rename(tmp, final)
   _fsync_dir(index_dir)
+  testonly_crash_point("index_write")  # Written whole, not yet published.
   _write_counter(index_dir, number)
   current = latest_step(index_dir)
   if current is None or int(step) >= current:

@@ -10,28 +10,39 @@ In Python (``realm-serve``'s ``POST /documents`` and ``DELETE /documents/{uid}``
     result = updater.upsert([Document("Paris", "Paris is the capital of France.")])
     updater.delete(uids=[result.added[0]["uid"]])
 
-An update holds the index directory's lock, then the blocks directory's, and
+**The commit point of an update is the publication of its index** (``LATEST`` moving to it).
+Invariant: the corpus (the blocks directory's current version) is never behind the index
+``LATEST`` names, and may be ahead of it only by updates whose publication a crash cut short;
+every writer rolls such an index forward to its corpus before it does anything else, so a
+document counts as added or deleted only once an index that serves it is published. An update
+holds the index directory's lock, then the blocks directory's, and
 
-1. plans against the corpus's current version (its block store): a document becomes blocks by
-   the blocks pipeline's rules (``realm_tf.data.articles``; the corpus's vocabulary and block
+1. **rolls forward**: when the index ``LATEST`` names covers an older corpus version than the
+   corpus's current one (an update killed after writing the corpus), brings it up to the
+   corpus (steps 4-5 below) and publishes that first (:meth:`Updater.reconcile` does only
+   this; ``realm-serve`` and ``realm-refresh`` run it at start-up, ``realm-index reconcile``
+   on demand);
+2. plans against the corpus, which the published index now covers: a document becomes blocks
+   by the blocks pipeline's rules (``realm_tf.data.articles``; the corpus's vocabulary and block
    length); ready blocks (``--new_blocks_dir``) are refused unless their manifest names the
    corpus's vocabulary, casing and block length (their token ids are used as they are); a
    document whose title has live blocks replaces them (they are deleted), unless it is
-   unchanged (the same uids: skipped); deletions name uids or titles of live blocks (another
-   is an error). When nothing is left to add or delete (every document skipped), nothing is
-   written or published: the result names the index ``LATEST`` already names;
-2. writes the corpus's next version (``data.corpus_updates.apply``);
-3. loads the index ``LATEST`` names and restores the block tower it records (``block_tower``:
+   unchanged (the same uids: skipped, and served, since the published index covers the
+   corpus); deletions name uids or titles of live blocks (another is an error). When nothing is
+   left to add or delete, nothing more is written: the result names the index ``LATEST`` names;
+3. writes the corpus's next version (``data.corpus_updates.apply``);
+4. loads the index ``LATEST`` names and restores the block tower it records (``block_tower``:
    checkpoint, step, fingerprint). An update with another checkpoint is refused, so that one
    index never mixes the embeddings of two towers;
-4. brings the index up to the corpus (``Refresher.catch_up``): only the rows it lacks are
+5. brings the index up to the corpus (``Refresher.catch_up``): only the rows it lacks are
    embedded; rows deleted in the corpus are deleted; ScaNN rebalances or rebuilds when its
    health says so (``scann_index``);
-5. publishes the result as ``step-<N>-u<k>``, a new directory; ``LATEST`` moves last.
+6. publishes the result as ``step-<N>-u<k>``, a new directory; ``LATEST`` moves last.
 
-Killed at any point, the previous index stays published, untouched and loadable; the corpus
-may then be one version ahead of it (readers accept an index over an older version of their
-corpus, ``mips_index.check_manifest``), and the next update or refresh catches up.
+Killed at any point (``CRASH_PHASES``; tests/test_update_crashes.py kills a process at each),
+the previous index stays published, untouched and loadable, and the next writer rolls it
+forward: a retried upsert finds its document answerable, a retried delete finds it gone.
+Temporary directories (``.tmp-*``) are never loaded and are removed by the next writer.
 """
 
 import dataclasses
@@ -39,6 +50,8 @@ import functools
 import os
 import time
 from typing import Dict, List, Optional, Sequence
+
+from absl import logging
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
@@ -60,6 +73,12 @@ _PER_INDEX = ("format", "index_type", "num_blocks", "num_deleted", "dim", "setti
               "caught_up")
 
 
+# Where a test may crash an update (``publish.testonly_crash_point``): after its plan, after the
+# corpus write, after embedding, after the index is written (before ``LATEST`` moves), after
+# the publication; ``realm-serve`` adds "swap" (published, not yet swapped in).
+CRASH_PHASES = ("plan", "corpus", "embedding", "index_write", "publish", "swap")
+
+
 @dataclasses.dataclass
 class Document:
   """A document to index: its blocks are cut from ``text`` under ``title``."""
@@ -78,8 +97,8 @@ class UpdateResult:
     deleted: ``{"row", "uid", "title"}`` of each block deleted.
     skipped: titles of documents that were already indexed unchanged.
     maintenance: ``"rebalance"``, ``"rebuild"`` or None (``ScannIndex.maintenance``).
-    seconds: time spent planning, writing the corpus, embedding + updating the index,
-      publishing, and in all.
+    seconds: time spent planning (a roll-forward included), writing the corpus, embedding,
+      updating and publishing the index, and in all.
   """
   index: str
   corpus_fingerprint: str
@@ -239,6 +258,61 @@ class Updater:
     self._refresher = cached
     return cached
 
+  def reconcile(self) -> Optional[Dict]:
+    """Rolls the index ``LATEST`` names forward to its corpus when it covers an older version
+    (an update cut short after writing the corpus): embeds what it lacks, deletes what the
+    corpus deleted and publishes the result. Returns ``{"index", "from", "appended",
+    "deleted", "corpus_version"}``, or None when the index already covers the corpus."""
+    with publish.lock(self.index_dir):
+      publish.clean_temporaries(self.index_dir)
+      path, manifest = self._latest()
+      blocks_dir = manifest["blocks_dir"]
+      with corpus_updates.lock(blocks_dir):
+        corpus = manifests.load_blocks_manifest(blocks_dir)
+        if not self._behind(path, manifest, corpus):
+          return None
+        published, changes = self._roll_forward(self._tower(path, manifest), path, manifest,
+                                                corpus)
+    return dict(index=published, corpus_version=corpus_updates.version(corpus),
+                **{"from": path, "appended": changes["appended"],
+                   "deleted": changes["deleted"]})
+
+  @staticmethod
+  def _behind(path: str, manifest: Dict, corpus: Dict) -> bool:
+    """Whether the index (``path``, ``manifest``) covers an older version than ``corpus``'s
+    current one; an index over another corpus is an error."""
+    if manifest.get("corpus_fingerprint") not in corpus_updates.fingerprints(corpus):
+      raise errors.FingerprintMismatchError(
+          f"the index {path} was built over another corpus than {manifest['blocks_dir']}")
+    return manifest.get("corpus_fingerprint") != corpus["fingerprint"]
+
+  def _roll_forward(self, tower, path: str, manifest: Dict, corpus: Dict):
+    """Publishes the index ``path`` brought up to ``corpus``; (published dir, changes)."""
+    published, changes = self._catch_up_and_publish(tower, path, manifest, corpus)
+    logging.warning("realm-index: %s covered corpus version %s of %s, behind the corpus "
+                    "(an update was cut short): rolled forward to version %d as %s (%d blocks "
+                    "appended, %d deleted)", os.path.basename(path),
+                    manifest.get("corpus_version", "?"), manifest["blocks_dir"],
+                    corpus_updates.version(corpus), os.path.basename(published),
+                    changes["appended"], changes["deleted"])
+    return published, changes
+
+  def _catch_up_and_publish(self, tower, path: str, manifest: Dict, corpus: Dict):
+    index = mips_index.load_index(path, load_embeddings=True)
+    index, corpus, changes = tower.catch_up(index, corpus)
+    publish.testonly_crash_point("embedding")
+    metadata = {k: v for k, v in manifest.items() if k not in _PER_INDEX}
+    metadata.update(refresher.corpus_metadata(corpus))
+    metadata["last_update"] = {"from": os.path.basename(path), "appended": changes["appended"],
+                               "deleted": changes["deleted"],
+                               "maintenance": changes["maintenance"]}
+    step = int(manifest["model_step"])
+    published = publish.publish(index, self.index_dir, step, metadata, keep=self.keep,
+                                update=publish.next_update(self.index_dir, step),
+                                query_embedder_from=path)
+    publish.testonly_crash_point("publish")
+    return published, changes
+
   def _update(self, plan) -> UpdateResult:
     start = time.time()
     with publish.lock(self.index_dir):
@@ -248,43 +322,73 @@ class Updater:
       blocks_dir = manifest["blocks_dir"]
       with corpus_updates.lock(blocks_dir):
         corpus = manifests.load_blocks_manifest(blocks_dir)
+        if self._behind(path, manifest, corpus):  # The commit point first.
+          path, _ = self._roll_forward(tower, path, manifest, corpus)
+          manifest = mips_index.read_manifest(path)
         store = block_store.BlockStore.open(blocks_dir)
-        if manifest.get("corpus_fingerprint") not in store.fingerprints:
-          raise errors.FingerprintMismatchError(
-              f"the index {path} was built over another corpus than {blocks_dir}")
         added, deleted, skipped = plan(store, corpus, tower.config)
         planned = time.time()
-        if not added and not deleted:  # Every document unchanged: nothing to publish.
+        if not added and not deleted:  # Every document unchanged and served: nothing to do.
           return UpdateResult(
               index=path, corpus_fingerprint=corpus["fingerprint"], added=[], deleted=[],
               skipped=skipped, maintenance=None,
               seconds={"plan": round(planned - start, 3), "total": round(planned - start, 3)})
+        publish.testonly_crash_point("plan")
         corpus = corpus_updates.apply(blocks_dir, added, deleted)
+        publish.testonly_crash_point("corpus")
         deleted_blocks = [{"row": r, "uid": features.block_uid(store.titles[r], store.texts[r]),
                            "title": store.titles[r]} for r in deleted]
       written = time.time()
-      index = mips_index.load_index(path, load_embeddings=True)
-      index, corpus, changes = tower.catch_up(index, corpus)
-      caught_up = time.time()
-      metadata = {k: v for k, v in manifest.items() if k not in _PER_INDEX}
-      metadata.update(refresher.corpus_metadata(corpus))
+      published, changes = self._catch_up_and_publish(tower, path, manifest, corpus)
       first = int(corpus["num_blocks"]) - len(added)
-      seconds = {"plan": planned - start, "corpus": written - planned,
-                 "index": caught_up - written}
-      metadata["last_update"] = {"from": os.path.basename(path), "appended": changes["appended"],
-                                 "deleted": changes["deleted"],
-                                 "maintenance": changes["maintenance"]}
-      step = int(manifest["model_step"])
-      published = publish.publish(index, self.index_dir, step, metadata, keep=self.keep,
-                                  update=publish.next_update(self.index_dir, step),
-                                  query_embedder_from=path)
-    seconds.update(publish=time.time() - caught_up, total=time.time() - start)
+    seconds = {"plan": planned - start, "corpus": written - planned,
+               "index and publish": time.time() - written, "total": time.time() - start}
     return UpdateResult(
         index=published, corpus_fingerprint=corpus["fingerprint"],
         added=[{"row": first + i, "uid": b["uid"], "title": b["title"]}
                for i, b in enumerate(added)],
         deleted=deleted_blocks, skipped=skipped, maintenance=changes["maintenance"],
         seconds={k: round(v, 3) for k, v in seconds.items()})
+
+
+def index_behind_corpus(index_dir: str) -> Optional[Dict]:
+  """When the index ``LATEST`` names covers an older version of its corpus than the current
+  one: ``{"index", "blocks_dir", "index_version", "corpus_version", "block_tower"}``; else
+  (no index, the corpus's version, another corpus: the loaders' own errors) None. Reads only
+  manifests."""
+  path = publish.read_latest(index_dir)
+  if path is None:
+    return None
+  manifest = mips_index.read_manifest(path)
+  blocks_dir = manifest.get("blocks_dir")
+  if not blocks_dir or "://" in blocks_dir or not os.path.isdir(blocks_dir):
+    return None
+  corpus = manifests.load_blocks_manifest(blocks_dir)
+  known = corpus_updates.fingerprints(corpus)
+  found = manifest.get("corpus_fingerprint")
+  if found == corpus["fingerprint"] or found not in known:
+    return None
+  return {"index": path, "blocks_dir": blocks_dir, "index_version": known.index(found),
+          "corpus_version": corpus_updates.version(corpus),
+          "block_tower": bool(manifest.get("block_tower"))}
+
+
+def reconcile_if_behind(index_dir: str, keep: int = 3) -> Optional[Dict]:
+  """At a reader's start-up (``realm-serve``): rolls the index forward to its corpus when an
+  update was cut short (:meth:`Updater.reconcile`; what it did, or None when nothing was
+  behind). An index that records no block tower cannot embed what it lacks: refused with the
+  command that rebuilds it."""
+  behind = index_behind_corpus(index_dir)
+  if behind is None:
+    return None
+  if not behind["block_tower"]:
+    raise errors.IndexNotReadyError(
+        f"{behind['index']} covers version {behind['index_version']} of the corpus "
+        f"{behind['blocks_dir']}, which is at version {behind['corpus_version']} (an update was "
+        "cut short), and records no block tower to embed the missing blocks with: rebuild it, "
+        f"realm-index build --blocks_dir={behind['blocks_dir']} --index_dir={index_dir} "
+        "--model_dir=<the model it was built from>")
+  return Updater(index_dir, keep=keep).reconcile()
 
 
 @functools.lru_cache(maxsize=4)

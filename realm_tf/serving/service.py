@@ -14,6 +14,10 @@ Threads:
   in, so the next question sees it (else :class:`PublishedNotServed`, whose message says the
   update was published).
 
+At start-up, an index ``LATEST`` names that covers an older version of its corpus (an update
+cut short by a crash after writing the corpus) is rolled forward to the corpus and published
+before anything is served (``updates.reconcile_if_behind``; ``reconciled`` says what it did).
+
 One block tower only: the tower the model was fine-tuned against (:func:`pinned_block_tower`).
 The service refuses to start on an index of another (``BlockTowerMismatchError``: a clear error
 rather than a wait), never swaps one in, and refuses updates (:class:`Conflict`) while
@@ -166,6 +170,14 @@ class QAService:
   def __init__(self, model_dir: str, index_dir: str, checkpoint: Optional[str] = None,
                reader_beam_size: int = 5, max_batch: int = 8, max_in_flight: int = 8,
                timeout_seconds: float = 30.0, poll_seconds: float = 1.0, keep: int = 3):
+    # An update cut short (by a crash) left the corpus ahead of LATEST: roll it forward first.
+    self.reconciled = updates.reconcile_if_behind(index_dir, keep=keep)
+    if self.reconciled:
+      logging.warning("realm-serve: rolled %s forward to corpus version %d as %s (%d blocks "
+                      "appended, %d deleted)", os.path.basename(self.reconciled["from"]),
+                      self.reconciled["corpus_version"],
+                      os.path.basename(self.reconciled["index"]), self.reconciled["appended"],
+                      self.reconciled["deleted"])
     qa = predict.OpenQA.load(model_dir, index_dir, checkpoint=checkpoint,
                              reader_beam_size=reader_beam_size)
     self.model_dir, self.index_dir = model_dir, index_dir
@@ -383,6 +395,7 @@ class QAService:
       raise Overloaded("another update is in progress: retry when it is done")
     try:
       result = run()
+      publish.testonly_crash_point("swap")  # Published, not yet answering.
       name = os.path.basename(result.index)
       try:
         self._load_newer()
@@ -428,6 +441,7 @@ class QAService:
             "index_step": int(index.key[1]), "index_update": int(index.key[2]),
             "num_blocks": int(handle.index.num_live),
             "corpus_fingerprint": index.manifest.get("corpus_fingerprint"),
+            "corpus_version": int(index.manifest.get("corpus_version", 0)),
             "in_flight": self._in_flight, "max_in_flight": self.max_in_flight,
             "max_top_k": self.reader_beam_size,
             "uptime_seconds": round(time.time() - self.started, 1)}
