@@ -238,7 +238,8 @@ def _tree_digest(path):
 
 def test_sigkill_mid_update_then_the_next_update(tmp_path):
   """realm-index upsert killed while it publishes: the previous index stays published,
-  byte for byte, and loadable; the next update succeeds and includes the killed one's block."""
+  byte for byte, and loadable; the next update rolls it forward first (the killed one's block),
+  then succeeds."""
   setup = _setup(tmp_path, num_blocks=100)
   before = publish.read_latest(setup["index"])
   digest = _tree_digest(before)
@@ -261,9 +262,13 @@ def test_sigkill_mid_update_then_the_next_update(tmp_path):
   loaded = mips_index.load_index(before, expected_fingerprint=store.fingerprints)
   np.testing.assert_array_equal(loaded.search(queries, 5)[0], old_ids)  # ... the index did not.
 
+  # The next update first rolls the index forward to the corpus (step-10-u1, with the killed
+  # update's block), then publishes its own (step-10-u2).
   result = updates.Updater(setup["index"], setup["model"]).upsert(
       [updates.Document("Next", "a band from london.")])
-  assert result.index.endswith("step-10-u1") and [a["row"] for a in result.added] == [101]
+  assert result.index.endswith("step-10-u2") and [a["row"] for a in result.added] == [101]
+  rolled = mips_index.load_index(os.path.join(setup["index"], "step-10-u1"))
+  assert rolled.num_blocks == 101 and rolled.num_live == 101
   index = mips_index.load_index(result.index)
   assert index.num_blocks == 102 and index.num_live == 102  # The killed update's block too.
   assert not [n for n in os.listdir(setup["index"]) if n.startswith(".tmp-")]  # Cleaned.
