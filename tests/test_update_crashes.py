@@ -22,6 +22,7 @@ import time
 import numpy as np
 import pytest
 
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
@@ -29,6 +30,7 @@ from realm_tf.retrieval import errors
 from realm_tf.retrieval import index_base
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
+from realm_tf.retrieval import refresher
 from realm_tf.retrieval import updates
 
 from test_realm_index_updates import ENV
@@ -122,10 +124,10 @@ def test_a_retry_without_a_restart_rolls_forward_first(tmp_path):
   the index until an unrelated update; now the retry publishes an index that serves it."""
   setup = _setup(tmp_path, num_blocks=60)
   _killed(setup, tmp_path, "upsert", "corpus")
-  assert updates.index_behind_corpus(setup["index"])["corpus_version"] == 1
+  assert publish.index_behind_corpus(setup["index"])["corpus_version"] == 1
   result = updates.Updater(setup["index"], setup["model"]).upsert([updates.Document(**DOC)])
   assert result.skipped == [TITLE] and result.index.endswith("step-10-u1")
-  assert _check_consistent(setup) and updates.index_behind_corpus(setup["index"]) is None
+  assert _check_consistent(setup) and publish.index_behind_corpus(setup["index"]) is None
 
 
 @pytest.mark.slow
@@ -250,3 +252,17 @@ def test_realm_serve_killed_mid_update_then_restarted_and_retried(kill, tmp_path
     finally:
       proc.terminate()
       proc.wait(timeout=60)
+
+
+def test_the_refresher_indexes_the_whole_corpus_at_once_when_latest_is_behind(tmp_path):
+  """The corpus went a version ahead of LATEST (an update cut short) and no newer checkpoint
+  will come: realm-refresh builds the newest checkpoint's index over the whole corpus at start
+  instead of saying the index of step 10 is final."""
+  setup = _setup(tmp_path, num_blocks=60)
+  corpus_updates.apply(setup["blocks"], [updates._block(TITLE, DOC["text"], [1, 5, 6, 2])], [])
+  model_dir_lib.mark_training_done(setup["model"])
+  builds = refresher.refresh_loop(setup["model"], setup["index"], setup["blocks"],
+                                  exit_when_done=True, poll_seconds=0.01,
+                                  options=setup["options"])
+  assert builds == 1 and publish.index_behind_corpus(setup["index"]) is None
+  assert _check_consistent(setup)

@@ -54,6 +54,7 @@ from absl import logging
 import tensorflow as tf
 
 from realm_tf.data import corpus_updates
+from realm_tf.data import manifests
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 
@@ -366,3 +367,25 @@ def publish(index: mips_index.MipsIndex,
     _write_latest(index_dir, name)
   prune(index_dir, keep)
   return final
+
+
+def index_behind_corpus(index_dir: str) -> Optional[Dict]:
+  """When the index ``LATEST`` names covers an older version of its corpus than the current
+  one: ``{"index", "blocks_dir", "index_version", "corpus_version", "block_tower"}``; else
+  (no index, the corpus's version, another corpus: the loaders' own errors) None. Reads only
+  manifests."""
+  path = read_latest(index_dir)
+  if path is None:
+    return None
+  manifest = mips_index.read_manifest(path)
+  blocks_dir = manifest.get("blocks_dir")
+  if not blocks_dir or "://" in blocks_dir or not os.path.isdir(blocks_dir):
+    return None
+  corpus = manifests.load_blocks_manifest(blocks_dir)
+  known = corpus_updates.fingerprints(corpus)
+  found = manifest.get("corpus_fingerprint")
+  if found == corpus["fingerprint"] or found not in known:
+    return None
+  return {"index": path, "blocks_dir": blocks_dir, "index_version": known.index(found),
+          "corpus_version": corpus_updates.version(corpus),
+          "block_tower": bool(manifest.get("block_tower"))}

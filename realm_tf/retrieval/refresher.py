@@ -146,17 +146,6 @@ def corpus_metadata(manifest: dict) -> dict:
           "corpus_version": corpus_updates.version(manifest)}
 
 
-def _latest_behind_corpus(index_dir: str, blocks_dir: str) -> bool:
-  """Whether the index ``LATEST`` names covers an older version of ``blocks_dir`` than the
-  current one (an update cut short before its publication)."""
-  path = publish.read_latest(index_dir)
-  if path is None or "://" in blocks_dir:
-    return False
-  found = mips_index.read_manifest(path).get("corpus_fingerprint")
-  corpus = manifests.load_blocks_manifest(blocks_dir)
-  return found != corpus["fingerprint"] and found in corpus_updates.fingerprints(corpus)
-
-
 def _require_model_dir(model_dir: str, wait_seconds: float = 0.0) -> None:
   deadline = time.time() + wait_seconds
   while not tf.io.gfile.isdir(model_dir):
@@ -543,7 +532,7 @@ def refresh_loop(model_dir: str,
     print(f"[realm-refresh] removed leftover {path}", flush=True)
   refresher = Refresher(model_dir, blocks_dir, index_dir, options, strategy)
   last = publish.latest_step(index_dir)
-  if last is not None and _latest_behind_corpus(index_dir, blocks_dir):
+  if last is not None and publish.index_behind_corpus(index_dir):
     print(f"[realm-refresh] {publish.read_latest(index_dir)} covers an older version of "
           f"{blocks_dir} than its current one (an update was cut short): indexing the newest "
           "checkpoint over the whole corpus now", flush=True)

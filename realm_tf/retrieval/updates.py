@@ -351,34 +351,12 @@ class Updater:
         seconds={k: round(v, 3) for k, v in seconds.items()})
 
 
-def index_behind_corpus(index_dir: str) -> Optional[Dict]:
-  """When the index ``LATEST`` names covers an older version of its corpus than the current
-  one: ``{"index", "blocks_dir", "index_version", "corpus_version", "block_tower"}``; else
-  (no index, the corpus's version, another corpus: the loaders' own errors) None. Reads only
-  manifests."""
-  path = publish.read_latest(index_dir)
-  if path is None:
-    return None
-  manifest = mips_index.read_manifest(path)
-  blocks_dir = manifest.get("blocks_dir")
-  if not blocks_dir or "://" in blocks_dir or not os.path.isdir(blocks_dir):
-    return None
-  corpus = manifests.load_blocks_manifest(blocks_dir)
-  known = corpus_updates.fingerprints(corpus)
-  found = manifest.get("corpus_fingerprint")
-  if found == corpus["fingerprint"] or found not in known:
-    return None
-  return {"index": path, "blocks_dir": blocks_dir, "index_version": known.index(found),
-          "corpus_version": corpus_updates.version(corpus),
-          "block_tower": bool(manifest.get("block_tower"))}
-
-
 def reconcile_if_behind(index_dir: str, keep: int = 3) -> Optional[Dict]:
   """At a reader's start-up (``realm-serve``): rolls the index forward to its corpus when an
   update was cut short (:meth:`Updater.reconcile`; what it did, or None when nothing was
   behind). An index that records no block tower cannot embed what it lacks: refused with the
   command that rebuilds it."""
-  behind = index_behind_corpus(index_dir)
+  behind = publish.index_behind_corpus(index_dir)
   if behind is None:
     return None
   if not behind["block_tower"]:
