@@ -532,8 +532,9 @@ def refresh_loop(model_dir: str,
     print(f"[realm-refresh] removed leftover {path}", flush=True)
   refresher = Refresher(model_dir, blocks_dir, index_dir, options, strategy)
   last = publish.latest_step(index_dir)
-  if last is not None and publish.index_behind_corpus(index_dir):
-    print(f"[realm-refresh] {publish.read_latest(index_dir)} covers an older version of "
+  behind = publish.index_behind_corpus(index_dir) if last is not None else None
+  if behind:
+    print(f"[realm-refresh] {behind['index']} covers an older version of "
           f"{blocks_dir} than its current one (an update was cut short): indexing the newest "
           "checkpoint over the whole corpus now", flush=True)
     last = None

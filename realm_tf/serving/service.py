@@ -170,14 +170,9 @@ class QAService:
   def __init__(self, model_dir: str, index_dir: str, checkpoint: Optional[str] = None,
                reader_beam_size: int = 5, max_batch: int = 8, max_in_flight: int = 8,
                timeout_seconds: float = 30.0, poll_seconds: float = 1.0, keep: int = 3):
-    # An update cut short (by a crash) left the corpus ahead of LATEST: roll it forward first.
+    # An update cut short (by a crash) left the corpus ahead of LATEST: roll it forward first
+    # (the updater logs what it did).
     self.reconciled = updates.reconcile_if_behind(index_dir, keep=keep)
-    if self.reconciled:
-      logging.warning("realm-serve: rolled %s forward to corpus version %d as %s (%d blocks "
-                      "appended, %d deleted)", os.path.basename(self.reconciled["from"]),
-                      self.reconciled["corpus_version"],
-                      os.path.basename(self.reconciled["index"]), self.reconciled["appended"],
-                      self.reconciled["deleted"])
     qa = predict.OpenQA.load(model_dir, index_dir, checkpoint=checkpoint,
                              reader_beam_size=reader_beam_size)
     self.model_dir, self.index_dir = model_dir, index_dir
