@@ -25,6 +25,7 @@ from realm_tf.retrieval import errors
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
+from realm_tf.retrieval import sharded_index
 from realm_tf.retrieval import testing
 from realm_tf.retrieval import updates
 
@@ -33,7 +34,7 @@ DIM = 16
 ENV = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
 
 
-def _setup(root, num_blocks=300, brute_force_below=2000):
+def _setup(root, num_blocks=300, brute_force_below=2000, **scann):
   vocab = testing.write_vocab(str(root / "vocab.txt"))
   blocks_dir, model_dir, index_dir = (str(root / n) for n in ("blocks", "model", "index"))
   testing.make_corpus(blocks_dir, vocab, num_blocks)
@@ -43,7 +44,8 @@ def _setup(root, num_blocks=300, brute_force_below=2000):
   options = refresher.BuildOptions(index_type="scann", recall_queries=50, progress=False,
                                    tensorboard_dir="",
                                    scann=mips_index.ScannSettings(
-                                       brute_force_below=brute_force_below, tuning_queries=100))
+                                       brute_force_below=brute_force_below, tuning_queries=100,
+                                       **scann))
   refresher.build_index_for_checkpoint(None, model_dir, blocks_dir, index_dir, options)
   return dict(vocab=vocab, blocks=blocks_dir, model=model_dir, index=index_dir,
               trainer=trainer, options=options)
@@ -185,6 +187,34 @@ def test_a_rebuild_after_updates_is_latest_and_updated_on_top(tmp_path):
   assert mips_index.read_manifest(result.index)["last_update"]["from"] == "step-10"
   queries = np.random.default_rng(4).standard_normal((10, DIM)).astype(np.float32)
   _, _, ids, want = _check_against_exact(setup, expected, queries)
+  np.testing.assert_array_equal(ids, want)
+
+
+def test_a_sharded_index_is_built_updated_and_rebuilt(tmp_path, monkeypatch):
+  """Under a memory budget too small for one piece, the refresher builds the 300 blocks in 3
+  shards; upserts and deletes land across the shards, equal to exact search each time; the
+  next build over the updated corpus is sharded again, and the same."""
+  monkeypatch.setattr(sharded_index, "MIN_ROWS_PER_SHARD", 100)
+  setup = _setup(tmp_path, build_memory_gib=1e-5)
+  first = mips_index.load_index(publish.read_latest(setup["index"]))
+  assert first.index_type == "scann_sharded" and len(first.shards) == 3
+  expected = {(b["title"], b["body"]) for b in manifests.read_blocks(setup["blocks"])}
+  updater = updates.Updater(setup["index"], setup["model"])
+  queries = np.random.default_rng(5).standard_normal((20, DIM)).astype(np.float32)
+  docs = [updates.Document(f"new {i}", f"the king was born in paris {i}.") for i in range(3)]
+  updater.upsert(docs)
+  expected |= {(d.title, d.text) for d in docs}
+  gone = [sorted(expected)[i] for i in (0, 150, 299)]  # In different shards.
+  updater.delete(uids=[features.block_uid(t, b) for t, b in gone])
+  expected -= set(gone)
+  index, store, ids, want = _check_against_exact(setup, expected, queries)
+  assert index.index_type == "scann_sharded" and index.num_live == 300
+  np.testing.assert_array_equal(ids, want)
+  setup["trainer"].save(20)
+  refresher.build_index_for_checkpoint(None, setup["model"], setup["blocks"], setup["index"],
+                                       setup["options"])
+  index, _, ids, want = _check_against_exact(setup, expected, queries)
+  assert index.manifest["model_step"] == 20 and len(index.shards) == 4
   np.testing.assert_array_equal(ids, want)
 
 

@@ -14,12 +14,12 @@ from realm_tf.retrieval import refresher
 
 # Flags whose value 0 (or nan) means "not set": chosen by size, or tuned.
 _ZERO_IS_NONE = ("num_leaves", "num_leaves_to_search", "reordering_num_neighbors",
-                 "target_recall")
+                 "target_recall", "build_memory_gib")
 _TOP_LEVEL = ("index_type", "batch_size", "recall_queries")
 _SCANN = ("brute_force_below", "tree_above", "num_leaves", "num_leaves_to_search",
           "target_recall", "soar_lambda", "dimensions_per_block",
           "anisotropic_quantization_threshold", "reordering_num_neighbors",
-          "training_sample_size")
+          "training_sample_size", "build_memory_gib")
 
 
 def define_build_flags() -> None:
@@ -56,6 +56,9 @@ def define_build_flags() -> None:
                        "Candidates reordered after hashing (0: tuned).")
   flags.DEFINE_integer("training_sample_size", scann.training_sample_size,
                        "Points used to train the tree and the codebooks.")
+  flags.DEFINE_float("build_memory_gib", scann.build_memory_gib,
+                     "Memory (GiB) a ScaNN build may take; a larger corpus is built in shards "
+                     "(0: never shard).")
   flags.DEFINE_string("tensorboard_dir", None,
                       "Summaries of each build (default: <index_dir>/tensorboard).")
   flags.DEFINE_bool("progress", True, "Show progress bars.")

@@ -59,6 +59,15 @@ def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
   return np.ascontiguousarray(embeddings, dtype=np.float32)
 
 
+def pad(ids: np.ndarray, scores: np.ndarray, k: int):
+  """``k`` columns: fewer candidates than ``k`` are padded with id -1 and score -inf."""
+  if ids.shape[1] >= k:
+    return ids[:, :k], scores[:, :k]
+  extra = ((0, 0), (0, k - ids.shape[1]))
+  return (np.pad(ids, extra, constant_values=-1),
+          np.pad(scores, extra, constant_values=-np.inf))
+
+
 def atomic_write_json(path: str, obj: dict) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   with open(tmp, "w") as f:
@@ -207,6 +216,20 @@ class MipsIndex(abc.ABC):
     atomic_write_json(os.path.join(directory, MANIFEST_NAME), manifest)
     self.manifest = manifest
     return manifest
+
+
+def map_embeddings(directory: str, manifest: dict) -> np.ndarray:
+  """``embeddings.npy`` of a saved index, memory-mapped, checked against its manifest."""
+  path = os.path.join(directory, EMBEDDINGS_NAME)
+  n, dim = int(manifest["num_blocks"]), int(manifest["dim"])
+  try:
+    table = np.load(path, mmap_mode="r")
+  except (OSError, ValueError) as e:
+    raise errors.IndexFormatError(f"cannot read {path}: {e}") from None
+  if table.shape != (n, dim):
+    raise errors.IndexFormatError(f"{path} has shape {table.shape}, the manifest says "
+                                  f"({n}, {dim})")
+  return table
 
 
 def load_deleted(directory: str, manifest: dict) -> np.ndarray:

@@ -95,13 +95,17 @@ class RecallProbe:
     exclude: for queries that are rows of ``embeddings``, their rows: each query's own row is
       left out of both the exact and the approximate top k.
     confidence: standard errors subtracted from the sample's mean (:meth:`bound`).
+    kth: each query's exact k-th best score, when the caller has it (a sharded build merges
+      it shard by shard); else computed here by brute force over ``embeddings``.
   """
 
   def __init__(self, index, embeddings, queries: np.ndarray, k: int,
-               exclude: Optional[np.ndarray], confidence: float):
+               exclude: Optional[np.ndarray], confidence: float,
+               kth: Optional[np.ndarray] = None):
     self.index, self.embeddings, self.queries = index, embeddings, queries
     self.k, self.exclude, self.confidence = k, exclude, confidence
-    self.kth = exact_kth_scores(embeddings, queries, k, exclude, deleted=index.deleted)
+    self.kth = (exact_kth_scores(embeddings, queries, k, exclude, deleted=index.deleted)
+                if kth is None else np.asarray(kth, np.float32))
     self._measured: Dict[Tuple[Optional[int], int], np.ndarray] = {}
 
   @property
@@ -202,12 +206,13 @@ def tune(index, embeddings, queries: np.ndarray, target_recall: float, k: int = 
          tune_leaves: bool = True, tune_reordering: bool = True,
          max_reordering_num_neighbors: Optional[int] = None, source: str = "given",
          exclude: Optional[np.ndarray] = None, margin: float = 0.0,
-         confidence: float = 0.0) -> Dict[str, Any]:
+         confidence: float = 0.0, kth: Optional[np.ndarray] = None) -> Dict[str, Any]:
   """Sets ``index``'s fewest leaves, then fewest reordered candidates, reaching the target.
 
   A setting reaches the target when the sample's mean recall@k less ``confidence`` standard
-  errors is at least ``target_recall + margin`` (:class:`RecallProbe`). Returns the
-  ``tuning`` record, which ``index.apply_tuning`` also stores in its settings.
+  errors is at least ``target_recall + margin`` (:class:`RecallProbe`; ``kth``: the exact
+  k-th scores when the caller has them). Returns the ``tuning`` record, which
+  ``index.apply_tuning`` also stores in its settings.
   """
   queries = index_base.check_queries(queries, index.dim)
   if len(queries) == 0:
@@ -216,7 +221,9 @@ def tune(index, embeddings, queries: np.ndarray, target_recall: float, k: int = 
     exclude = None
   k = index_base.check_k(min(k, index.num_live - (exclude is not None)), index.num_live)
   start = time.time()
-  probe = RecallProbe(index, embeddings, queries, k, exclude, confidence)
+  if kth is not None and len(kth) != len(queries):
+    raise ValueError(f"{len(kth)} exact k-th scores for {len(queries)} queries")
+  probe = RecallProbe(index, embeddings, queries, k, exclude, confidence, kth)
   settings = index.settings()
   tree = settings["mode"] == "tree_ah"
   # The exact rescoring reads its candidates from the int8 reordering: never fewer.

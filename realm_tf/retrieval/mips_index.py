@@ -7,7 +7,9 @@ The public face of the indexes; the parts live in
 * ``brute_force``: ``BruteForceIndex``, exact;
 * ``scann_settings``: ``ScannSettings``, ScaNN's settings by corpus size;
 * ``scann_index``: ``ScannIndex``, the only module that imports ``scann``;
-* ``index_tuning``: recall against exact search and the build-time tuning.
+* ``index_tuning``: recall against exact search and the build-time tuning;
+* ``sharded_index``: ``ShardedIndex``, ScaNN in shards for corpora whose build would exceed
+  ``ScannSettings.build_memory_gib``.
 
 ``search(queries, k)`` returns ``(block_ids int64 [b, k], scores float32 [b, k])`` sorted by
 decreasing score, where a block id is the row of the embedding table (= ``block_id`` of the
@@ -45,14 +47,17 @@ import numpy as np
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import index_base
 from realm_tf.retrieval import index_tuning
+from realm_tf.retrieval import sharded_index
 from realm_tf.retrieval.brute_force import BruteForceIndex
 from realm_tf.retrieval.index_base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
                                            MANIFEST_NAME, MipsIndex, RowTable)
 from realm_tf.retrieval.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
 from realm_tf.retrieval.scann_settings import ScannSettings
+from realm_tf.retrieval.sharded_index import ShardedIndex
 
 __all__ = ["BruteForceIndex", "DELETED_NAME", "EMBEDDINGS_NAME", "FORMAT", "MANIFEST_NAME",
-           "MipsIndex", "RowTable", "SCANN_DIR", "ScannIndex", "ScannSettings", "build_index",
+           "MipsIndex", "RowTable", "SCANN_DIR", "ScannIndex", "ScannSettings", "ShardedIndex",
+           "build_index",
            "check_manifest", "load_index", "measure_recall", "read_manifest", "recall_at_k",
            "searcher_bytes"]
 
@@ -61,10 +66,17 @@ def build_index(embeddings: np.ndarray, index_type: str = "scann",
                 settings: Optional[ScannSettings] = None,
                 tuning_queries: Optional[np.ndarray] = None,
                 deleted: Optional[np.ndarray] = None) -> MipsIndex:
-  """``index_type``: ``scann`` (default settings pick exact scoring for tiny corpora) or
-  ``brute_force``. ``tuning_queries``: the sample ScaNN tunes its recall on (see module doc).
-  ``deleted``: rows never returned."""
+  """``index_type``: ``scann`` (default settings pick exact scoring for tiny corpora; a
+  corpus whose build would exceed ``settings.build_memory_gib`` is built in shards, a
+  ``ShardedIndex``) or ``brute_force``. ``tuning_queries``: the sample ScaNN tunes its recall
+  on (see module doc). ``deleted``: rows never returned."""
   if index_type == "scann":
+    settings = settings or ScannSettings()
+    n, dim = np.shape(embeddings)[0], np.shape(embeddings)[1]
+    max_rows = sharded_index.rows_per_shard(n, dim, settings.build_memory_gib)
+    if max_rows < n:
+      return ShardedIndex.build(embeddings, settings, max_rows, tuning_queries=tuning_queries,
+                                deleted=deleted)
     return ScannIndex.build(embeddings, settings, tuning_queries=tuning_queries,
                             deleted=deleted)
   if index_type == "brute_force":
@@ -137,20 +149,14 @@ def load_index(directory: str, expected_dim: Optional[int] = None,
   """
   manifest = read_manifest(directory)
   check_manifest(manifest, directory, expected_dim, expected_fingerprint)
-  n, dim = int(manifest["num_blocks"]), int(manifest["dim"])
   if manifest["index_type"] == "brute_force":
-    path = os.path.join(directory, EMBEDDINGS_NAME)
-    try:
-      embeddings = np.load(path, mmap_mode="r")
-    except (OSError, ValueError) as e:
-      raise errors.IndexFormatError(f"cannot read {path}: {e}") from None
-    if embeddings.shape != (n, dim):
-      raise errors.IndexFormatError(f"{path} has shape {embeddings.shape}, the manifest says "
-                                    f"({n}, {dim})")
+    embeddings = index_base.map_embeddings(directory, manifest)
     index = BruteForceIndex(embeddings, manifest["settings"].get("rows_per_block", 262_144),
                             check=False, deleted=index_base.load_deleted(directory, manifest))
   elif manifest["index_type"] == "scann":
     index = ScannIndex.load(directory, manifest, load_embeddings)
+  elif manifest["index_type"] == sharded_index.INDEX_TYPE:
+    index = ShardedIndex.load(directory, manifest)
   else:
     raise errors.IndexFormatError(f"{directory}: unknown index_type "
                                   f"{manifest['index_type']!r}")

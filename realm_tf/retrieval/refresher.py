@@ -306,7 +306,7 @@ class Refresher:
     if dead.size:
       index.delete(dead)
       changes["deleted"] = int(dead.size)
-    if isinstance(index, mips_index.ScannIndex):
+    if isinstance(index, (mips_index.ScannIndex, mips_index.ShardedIndex)):
       index, changes["maintenance"] = index.maintained()
     return index, manifest, changes
 
@@ -392,7 +392,9 @@ class Refresher:
     if embeddings is None:
       table = self.embed_rows(self.blocks_manifest)
     else:
-      table = np.asarray(embeddings, np.float32)
+      table = embeddings  # A float32 memory map stays one (a sharded build reads it so).
+      if not (isinstance(table, np.memmap) and table.dtype == np.float32):
+        table = np.asarray(embeddings, np.float32)
       if table.shape[0] != num_blocks:
         raise errors.CorpusFormatError(
             f"{table.shape[0]} embeddings for a corpus of {num_blocks} blocks "

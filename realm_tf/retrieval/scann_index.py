@@ -156,6 +156,7 @@ class ScannIndex(index_base.MipsIndex):
     # ScaNN's point -> row, int64 (None: the identity, points are rows 0..n-1).
     self._row_of: Optional[np.ndarray] = (None if row_ids is None
                                           else np.asarray(row_ids, np.int64))
+    self.save_embeddings = True  # False for a shard: its index saves every row once.
 
   # ---- building ----
   @classmethod
@@ -258,6 +259,13 @@ class ScannIndex(index_base.MipsIndex):
                              tune_reordering, max_reordering_num_neighbors, source, exclude,
                              margin, confidence)
 
+  def set_search_settings(self, leaves: Optional[int], reorder: int) -> None:
+    """Searches with ``leaves`` (a tree) and ``reorder`` candidates, no tuning record (a
+    shard, tuned as part of its ``ShardedIndex``)."""
+    if leaves is not None:
+      self._settings["num_leaves_to_search"] = int(leaves)
+    self._settings["reordering_num_neighbors"] = int(reorder)
+
   def apply_tuning(self, leaves: Optional[int], reorder: int, max_reorder: int,
                    record: Dict[str, Any]) -> None:
     """Searches with ``leaves`` (a tree) and ``reorder`` from now on; keeps the record."""
@@ -309,6 +317,11 @@ class ScannIndex(index_base.MipsIndex):
       raise ValueError("this ScannIndex was loaded without its embeddings")
     return self._embeddings
 
+  def set_rows(self, table) -> None:
+    """Serves ``embeddings`` (the exact rescoring's rows) from ``table``: a shard's view of
+    its index's table, so that no shard holds its rows."""
+    self._embeddings, self._embeddings_path = table, None
+
   def _point_rows(self) -> Optional[np.ndarray]:
     """ScaNN's point -> row (None: points are rows)."""
     return self._row_of
@@ -325,25 +338,39 @@ class ScannIndex(index_base.MipsIndex):
       ids = np.where((ids >= 0) & (ids < len(rows)), rows[np.clip(ids, 0, len(rows) - 1)], -1)
     return ids, np.asarray(scores, np.float32).reshape(len(queries), -1)
 
+  def _search_args(self, k: int, leaves_to_search: Optional[int],
+                   reordering_num_neighbors: Optional[int]):
+    """``(pre, leaves)``: candidates reordered and leaves searched (the settings' unless
+    given)."""
+    pre = max(k, reordering_num_neighbors or self._settings.get("reordering_num_neighbors", k))
+    leaves = None
+    if self._settings.get("mode") == "tree_ah":
+      leaves = int(leaves_to_search or self._settings["num_leaves_to_search"])
+    return pre, leaves
+
+  def candidates(self, queries, depth: int, leaves_to_search: Optional[int] = None,
+                 reordering_num_neighbors: Optional[int] = None):
+    """The best ``depth`` rows by ScaNN's own (int8-reordered) scores, the centre's term added
+    back: ``(rows [b, depth] (-1: none), approximate scores)``. ``queries``: checked."""
+    pre, leaves = self._search_args(depth, leaves_to_search, reordering_num_neighbors)
+    ids, scores = self._raw_search(queries, depth, pre, leaves)
+    if self.center is not None:
+      scores = scores + (queries @ self.center)[:, np.newaxis]
+    return index_base.pad(ids, scores, depth)
+
   def search(self, queries, k, leaves_to_search: Optional[int] = None,
              reordering_num_neighbors: Optional[int] = None):
     """Top ``k``; ``leaves_to_search`` / ``reordering_num_neighbors`` override the settings."""
     queries = index_base.check_queries(queries, self.dim)
     k = index_base.check_k(k, self.num_live)
-    pre = max(k, reordering_num_neighbors or self._settings.get("reordering_num_neighbors", k))
-    leaves = None
-    if self._settings.get("mode") == "tree_ah":
-      leaves = int(leaves_to_search or self._settings["num_leaves_to_search"])
+    pre, leaves = self._search_args(k, leaves_to_search, reordering_num_neighbors)
     rescore = int(self._settings.get("exact_rescoring") or 0)
     if k <= rescore and self._settings.get("mode") != "brute_force":
       table = self._rescoring_table()
       if table is not None:
         return self._search_rescored(queries, k, min(rescore, self.num_live), leaves,
                                      max(pre, rescore), table)
-    ids, scores = self._raw_search(queries, k, pre, leaves)
-    if self.center is not None:
-      scores = scores + (queries @ self.center)[:, np.newaxis]
-    return _pad(ids, scores, k)
+    return self.candidates(queries, k, leaves_to_search, reordering_num_neighbors)
 
   def _rescoring_table(self):
     try:
@@ -361,7 +388,7 @@ class ScannIndex(index_base.MipsIndex):
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     ids, scores = np.take_along_axis(ids, top, 1), np.take_along_axis(scores, top, 1)
     ids[~np.isfinite(scores)] = -1
-    return _pad(ids, scores.astype(np.float32), k)
+    return index_base.pad(ids, scores.astype(np.float32), k)
 
   def settings(self):
     return copy.deepcopy(self._settings)
@@ -455,7 +482,8 @@ class ScannIndex(index_base.MipsIndex):
 
   # ---- saving and loading ----
   def _save_artifacts(self, directory):
-    if self._embeddings is not None or self._embeddings_path is not None:
+    if self.save_embeddings and (self._embeddings is not None or
+                                 self._embeddings_path is not None):
       path = os.path.join(directory, index_base.EMBEDDINGS_NAME)
       index_base.save_npy(path, self.embeddings)
       # From now on the saved file serves ``embeddings`` (memory-mapped, not resident), so
@@ -551,21 +579,15 @@ def _load_row_ids(scann_dir: str, num_blocks: int) -> Optional[np.ndarray]:
   return ids.astype(np.int64, copy=False)
 
 
-def _pad(ids: np.ndarray, scores: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
-  """``k`` columns: fewer candidates than ``k`` in the searched leaves are padded with -1."""
-  if ids.shape[1] >= k:
-    return ids[:, :k], scores[:, :k]
-  pad = k - ids.shape[1]
-  return (np.pad(ids, ((0, 0), (0, pad)), constant_values=-1),
-          np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf))
-
-
 def searcher_bytes(directory: str) -> int:
   """Bytes of a saved ScaNN searcher: its ``scann/`` assets and the centre, not embeddings.
 
   This is what ``load_index`` reads into memory (the asymmetric-hashing codes are packed
   two per byte once loaded, so the resident size is a little smaller).
   """
+  shards = os.path.join(directory, "shards")  # A ShardedIndex: the sum of its shards'.
+  if os.path.isdir(shards):
+    return sum(searcher_bytes(os.path.join(shards, d)) for d in sorted(os.listdir(shards)))
   total = 0
   for root, _, files in os.walk(os.path.join(directory, SCANN_DIR)):
     total += sum(os.path.getsize(os.path.join(root, f)) for f in files)

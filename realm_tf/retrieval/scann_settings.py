@@ -79,6 +79,12 @@ class ScannSettings(hyperparams.Config):
       (re)build: a query then scans this fraction more points per leaf searched.
     rebalance_changed_fraction: ... or when more than this fraction of the points were added
       or deleted since the last (re)build (the codebooks were trained on the others).
+    build_memory_gib: the memory (GiB) a build may take. A corpus whose build would need more
+      is built in shards (``sharded_index``): every shard's searcher stays resident (~200
+      bytes per block) and one shard's rows are built at a time (~24 bytes per float); search
+      merges the shards' top k. The default (8) builds REALM's 13.3M blocks in 7 shards on a
+      24 GiB machine and anything up to ~2.6M 128-d blocks in one piece; ``None``: never
+      shard.
   """
   brute_force_below: int = 2_000
   tree_above: int = 20_000
@@ -103,6 +109,7 @@ class ScannSettings(hyperparams.Config):
   center: bool = True
   rebalance_imbalance: float = 0.1
   rebalance_changed_fraction: float = 0.25
+  build_memory_gib: Optional[float] = 8.0
 
   def resolve(self, n: int) -> Dict[str, Any]:
     """The concrete settings for ``n`` blocks before tuning, as a JSON-able dict."""
