@@ -29,6 +29,20 @@ DEPTH_CANDIDATES = (100, 300, 1000)  # Depths whose fewest leaves are timed agai
 REORDER_LADDER = (10, 15, 20, 30, 40, 50, 75, 100, 150, 200, 300, 400, 600, 800, 1000)
 
 
+def store_tuning(settings: Dict[str, Any], leaves: Optional[int], reorder: int,
+                 max_reorder: Optional[int] = None,
+                 record: Optional[Dict[str, Any]] = None) -> None:
+  """Writes a tuning's choice into an index's ``settings``: ``leaves`` (None: no tree) and
+  ``reorder``; ``max_reorder`` and the ``record`` when given."""
+  if leaves is not None:
+    settings["num_leaves_to_search"] = int(leaves)
+  settings["reordering_num_neighbors"] = int(reorder)
+  if max_reorder is not None:
+    settings["max_reordering_num_neighbors"] = int(max_reorder)
+  if record is not None:
+    settings["tuning"] = record
+
+
 def tie_recalls(embeddings, queries: np.ndarray, approx_ids: np.ndarray,
                 kth_scores: np.ndarray, k: int, rtol: float = 1e-5) -> np.ndarray:
   """Each query's recall@k, an approximate id counting when its true score reaches the

@@ -262,18 +262,12 @@ class ScannIndex(index_base.MipsIndex):
   def set_search_settings(self, leaves: Optional[int], reorder: int) -> None:
     """Searches with ``leaves`` (a tree) and ``reorder`` candidates, no tuning record (a
     shard, tuned as part of its ``ShardedIndex``)."""
-    if leaves is not None:
-      self._settings["num_leaves_to_search"] = int(leaves)
-    self._settings["reordering_num_neighbors"] = int(reorder)
+    index_tuning.store_tuning(self._settings, leaves, reorder)
 
   def apply_tuning(self, leaves: Optional[int], reorder: int, max_reorder: int,
                    record: Dict[str, Any]) -> None:
     """Searches with ``leaves`` (a tree) and ``reorder`` from now on; keeps the record."""
-    if leaves is not None:
-      self._settings["num_leaves_to_search"] = int(leaves)
-    self._settings["reordering_num_neighbors"] = int(reorder)
-    self._settings["max_reordering_num_neighbors"] = int(max_reorder)
-    self._settings["tuning"] = record
+    index_tuning.store_tuning(self._settings, leaves, reorder, max_reorder, record)
 
   def _retune(self) -> None:
     """The build's tuning again, on the same queries (after a rebalance)."""

@@ -272,11 +272,7 @@ class ShardedIndex(index_base.MipsIndex):
   # ---- tuning (``index_tuning.tune``'s interface) ----
   def apply_tuning(self, leaves: Optional[int], reorder: int, max_reorder: int,
                    record: Dict[str, Any]) -> None:
-    if leaves is not None:
-      self._settings["num_leaves_to_search"] = int(leaves)
-    self._settings["reordering_num_neighbors"] = int(reorder)
-    self._settings["max_reordering_num_neighbors"] = int(max_reorder)
-    self._settings["tuning"] = record
+    index_tuning.store_tuning(self._settings, leaves, reorder, max_reorder, record)
     self._share_tuning()
 
   def _share_tuning(self) -> None:
