@@ -409,6 +409,9 @@ class Budget:
   ict_query_seq_length: int = 64
   ict_block_seq_length: int = 128
   ict_learning_rate: float = 1e-4
+  gold_learning_rate: float = 1e-4
+  gold_epochs: float = 2.0
+  gold_batch_size: int = 16
   openqa_steps: int = 300
   openqa_batch_size: int = 4
   openqa_learning_rate: float = 5e-5
@@ -605,6 +608,56 @@ def qa_subset(work: str, split: str, count: int, seed: int,
   return path, chosen
 
 
+def gold_settings(budget: Budget, seed: int):
+  """Stage A's settings (``gold_reader.Settings``) from the budget: the Open-QA reader's input
+  length, so stage B reads rows of the length stage A trained on."""
+  from experiments import gold_reader  # pylint: disable=g-import-not-at-top
+  return gold_reader.Settings(
+      learning_rate=budget.gold_learning_rate, epochs=budget.gold_epochs,
+      batch_size=budget.gold_batch_size, seq_length=budget.reader_seq_length,
+      max_query_length=min(64, budget.reader_seq_length // 2),
+      eval_batch_size=budget.eval_batch_size, seed=seed)
+
+
+def train_gold_reader(work: str, squad_file: str, budget: Budget, seed: int,
+                      max_articles: int, max_paragraphs: int) -> Dict:
+  """Stage A (``experiments/gold_reader.py``): the converted MiniLM reader fine-tuned on the
+  train articles' questions with their own paragraphs, scored on every dev question's."""
+  from experiments import gold_reader  # pylint: disable=g-import-not-at-top
+  out = os.path.join(work, "gold_reader")
+  os.makedirs(out, exist_ok=True)
+  summary = gold_reader.train(os.path.join(work, "minilm_reader_model"), out, squad_file,
+                              gold_settings(budget, seed), max_articles, max_paragraphs,
+                              say=_say)
+  return dict(summary, model_dir=out)
+
+
+def reader_start(work: str) -> str:
+  """The reader Open-QA fine-tunes from: stage A's when it ran, else MiniLM's (fresh head)."""
+  gold = os.path.join(work, "gold_reader")
+  return gold if os.path.exists(os.path.join(work, "gold_reader_done.json")) else (
+      os.path.join(work, "minilm_reader_model"))
+
+
+def evaluate_gold(work: str, squad_file: str, budget: Budget, seed: int, max_articles: int,
+                  max_paragraphs: int, max_questions: int) -> Dict:
+  """Stage A's reader on the Open-QA test sample (``qa_subset``'s questions), each question
+  read in its own paragraph: the gold-paragraph row, the ceiling of the reading."""
+  from experiments import gold_reader  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
+  test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
+  result = gold_reader.evaluate(
+      os.path.join(work, "gold_reader"), squad_file, "test", gold_settings(budget, seed),
+      chosen, max_articles, max_paragraphs,
+      os.path.join(work, "gold_reader", "test_predictions.jsonl"))
+  records, _ = qa.read_qa(test_file)
+  if [r["question"] for r in result["rows"]] != [r.question for r in records]:
+    raise RealTextError(f"{test_file}: its questions are not the test split's in "
+                        f"{squad_file} (was the file or a --max_* option changed?)")
+  return {"test_file": test_file, "test_questions": result["questions"],
+          "exact_match": result["exact_match"], "f1": result["f1"]}
+
+
 def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_file: str,
                   block_seq_length: int, extra: Sequence[str] = ()):
   """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the ICT towers' query
@@ -620,7 +673,7 @@ def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_fil
       f"task.index_dir={os.path.join(work, 'ict_index')}",
       f"task.blocks_dir={os.path.join(work, 'blocks')}",
       f"task.retriever_init_checkpoint={os.path.join(work, 'ict_model')}",
-      f"task.reader_init_checkpoint={os.path.join(work, 'minilm_reader_model')}",
+      f"task.reader_init_checkpoint={reader_start(work)}",
       f"task.train_data.input_path={os.path.join(work, 'qa', 'squad-train.jsonl')}",
       f"task.train_data.global_batch_size={budget.openqa_batch_size}",
       f"task.train_data.seed={seed}",
@@ -807,15 +860,25 @@ OPENQA_FIELDS = ("model", "checkpoint_step", "exact_match", "exact_match_lo", "e
                  "top_20_match_hi", "test_questions")
 OPENQA_BEFORE = "before fine-tuning (ICT retriever)"
 OPENQA_AFTER = "after fine-tuning (ICT retriever + MiniLM reader)"
+OPENQA_GOLD = "gold paragraph (stage A reader, no retrieval)"
 
 
-def openqa_rows(evaluation: Dict, training: Dict) -> List[Dict]:
+def openqa_rows(evaluation: Dict, training: Dict, gold: Optional[Dict] = None,
+                gold_step: int = 0) -> List[Dict]:
+  """The table's rows: the gold paragraph (``gold``: stage A's reader after ``gold_step``
+  steps), before and after fine-tuning."""
   rows = []
-  for label, key, step in ((OPENQA_BEFORE, "before", 0),
-                           (OPENQA_AFTER, "after", training["best_step"])):
+  runs = [(OPENQA_BEFORE, evaluation["before"], 0),
+          (OPENQA_AFTER, evaluation["after"], training["best_step"])]
+  if gold is not None:
+    if gold["test_file"] != evaluation["test_file"]:
+      raise RealTextError(f"the gold-paragraph row read {gold['test_file']}, the Open-QA "
+                          f"evaluation {evaluation['test_file']}: not the same questions")
+    runs.insert(0, (OPENQA_GOLD, {"exact_match": gold["exact_match"]}, gold_step))
+  for label, values, step in runs:
     row = {"model": label, "checkpoint_step": step,
            "test_questions": evaluation["test_questions"]}
-    for name, p in evaluation[key].items():
+    for name, p in values.items():
       row[name], row[f"{name}_lo"], row[f"{name}_hi"] = p["value"], p["lo"], p["hi"]
     for name in OPENQA_FIELDS:
       row.setdefault(name, "")
@@ -827,15 +890,23 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
   """``results/real_text_openqa.{md,csv}``: EM and top-k match before and after fine-tuning,
   each with its 95% Wilson interval over the test questions."""
   evaluation, training, budget = stages["openqa_eval"], stages["openqa_train"], stages["budget"]
-  rows = openqa_rows(evaluation, training)
+  gold = stages.get("gold_reader")
+  rows = openqa_rows(evaluation, training, stages.get("gold_test"),
+                     gold["steps"] if gold else 0)
   csv_path = os.path.join(results, OPENQA_NAME + ".csv")
   _write_csv(csv_path, OPENQA_FIELDS, rows)
   dev = training["dev"].get("exact_match", [])
   lines = [
       "# Open-QA on real text: SQuAD v1.1 dev questions, split by article",
       "",
-      f"ORQA's fine-tuning from the ICT-trained MiniLM retriever with a MiniLM reader (the "
-      f"converted encoder and a fresh span scorer) on the {stages['questions']['questions']['train']} "
+      f"ORQA's fine-tuning from the ICT-trained MiniLM retriever with a MiniLM reader ("
+      + (f"stage A's: the converted encoder and span scorer trained on the training "
+         f"questions' own paragraphs, {gold['steps']} steps of {budget['gold_batch_size']} "
+         f"windows, lr {budget['gold_learning_rate']}; dev EM "
+         f"{_interval_text(**gold['dev_exact_match'])}, F1 {gold['dev_f1']['value']:.3f} on "
+         f"{gold['dev_questions']} dev questions"
+         if gold else "the converted encoder and a fresh span scorer")
+      + f") on the {stages['questions']['questions']['train']} "
       f"training questions, {budget['openqa_steps']} steps of batch "
       f"{budget['openqa_batch_size']}, lr {budget['openqa_learning_rate']}, retriever beam "
       f"{budget['retriever_beam_size']}, reader beam {budget['reader_beam_size']}, reader input "
@@ -846,8 +917,9 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
       f"{training['best_step']}. Test: {evaluation['test_questions']} held-out-article "
       "questions (realm-eval's evaluation; official EM: ORQA's normalization, answers in "
       "whole words). In brackets: 95% Wilson intervals over the questions. Before "
-      "fine-tuning no reader is trained, so no EM; its top-k match is the ICT tower's over "
-      "the same questions and index.",
+      "fine-tuning the retriever is the ICT tower: its top-k match over the same questions "
+      "and index. The gold-paragraph row reads each test question in the paragraph it was "
+      "written from (no retrieval): the reader's ceiling.",
       "",
       "| model | step | EM | top-1 match | top-5 match | top-20 match | test questions |",
       "|---|---|---|---|---|---|---|"]
@@ -857,8 +929,9 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
     lines.append(f"| {row['model']} | {row['checkpoint_step']} | {' | '.join(cells)} | "
                  f"{row['test_questions']} |")
   lines += ["", "| stage | seconds |", "|---|---|"]
-  for name in ("reader_convert", "openqa_train", "openqa_eval"):
-    lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
+  for name in ("reader_convert", "gold_reader", "gold_test", "openqa_train", "openqa_eval"):
+    if name in stages:
+      lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
   lines.append("")
   md_path = os.path.join(results, OPENQA_NAME + ".md")
   with open(md_path, "w", encoding="utf-8") as f:
@@ -965,6 +1038,14 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
         "MiniLM reader conversion", os.path.join(work, "minilm_reader_model_done.json"),
         lambda: convert_reader(minilm_dir, vocab_file,
                                os.path.join(work, "minilm_reader_model")))
+    stages["gold_reader"] = stage(
+        "Gold-paragraph reader (stage A)", os.path.join(work, "gold_reader_done.json"),
+        lambda: train_gold_reader(work, squad_file, budget, seed, max_articles,
+                                  max_paragraphs))
+    stages["gold_test"] = stage(
+        "Gold-paragraph test", os.path.join(work, "gold_reader", "test_done.json"),
+        lambda: evaluate_gold(work, squad_file, budget, seed, max_articles, max_paragraphs,
+                              max_questions))
     stages["openqa_train"] = stage(
         "Open-QA training", os.path.join(work, "openqa_done.json"),
         lambda: train_openqa(work, vocab_file, budget, seed, block_seq_length))
@@ -1024,6 +1105,10 @@ def define_flags() -> None:
       "ict_block_seq_length": "ICT block length in training (ORQA: 288); the retrieval stage "
                               "embeds the blocks at --block_seq_length.",
       "ict_learning_rate": "ICT peak learning rate (ORQA: 1e-4).",
+      "gold_learning_rate": "Stage A (the reader on its questions' own paragraphs, "
+                            "experiments/gold_reader.py): peak learning rate.",
+      "gold_epochs": "Stage A: passes over the training questions' windows.",
+      "gold_batch_size": "Stage A: reader rows (paragraph windows) per step.",
       "openqa_steps": "Open-QA fine-tuning steps (ORQA: 100k).",
       "openqa_batch_size": "Questions per Open-QA step (ORQA: 1).",
       "openqa_learning_rate": "Open-QA peak learning rate (ORQA: 1e-5).",

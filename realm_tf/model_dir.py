@@ -12,6 +12,7 @@ A model directory holds:
   readers restore only the items they need.
 """
 
+import collections
 import json
 import os
 from typing import Dict, List, Optional, Tuple
@@ -99,11 +100,36 @@ def trained_step(path: str) -> int:
     return checkpoint_step(path)
 
 
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def checkpoint_keys(name: str, obj) -> List[str]:
+  """The keys under which ``tf.train.Checkpoint(name=obj)`` writes ``obj``'s variables: its
+  object graph walked breadth first, as the checkpoint writer walks it (a shared object is
+  written once, under the first path that reaches it; ``.`` and ``/`` in a child's name are
+  escaped as ``..`` and ``.S``)."""
+  keys, seen = [], set()
+  queue = collections.deque([(name, obj)])
+  while queue:
+    path, node = queue.popleft()
+    if id(node) in seen:
+      continue
+    seen.add(id(node))
+    if isinstance(node, tf.Variable):
+      keys.append(path + _VALUE)
+      continue
+    for child, value in tf.train.TrackableView.children(node).items():
+      queue.append((f"{path}/{child.replace('.', '..').replace('/', '.S')}", value))
+  return keys
+
+
 def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
   """Restores exactly ``items`` (e.g. ``block_embedder=model``) from a checkpoint.
 
-  Anything else in the checkpoint is ignored. Unless ``allow_missing``, raises ModelDirError
-  when a variable of ``items`` is not in the checkpoint; a shape mismatch always raises.
+  Anything else in the checkpoint (other items, the optimizer) is ignored. Unless
+  ``allow_missing``, raises ModelDirError when a variable of ``items`` is not in the
+  checkpoint, or when the checkpoint holds a variable under an item that the item does not
+  have (another model size, an extra head), naming them; a shape mismatch always raises.
   """
   items = {k: v for k, v in items.items() if v is not None}
   try:
@@ -113,7 +139,34 @@ def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
   except (AssertionError, ValueError, tf.errors.OpError) as e:
     first = str(e).strip().splitlines()[0][:400]
     raise ModelDirError(f"checkpoint {checkpoint_path} does not fit the model "
-                        f"({', '.join(items)}): {first}") from None
+                        f"({', '.join(items)}): {_missing_names(checkpoint_path, items)}"
+                        f"{first}") from None
+  if allow_missing:
+    return
+  stored = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
+  for name, obj in items.items():
+    expected = set(checkpoint_keys(name, obj))
+    unused = sorted(k for k in stored if k.startswith(name + "/") and k.endswith(_VALUE)
+                    and "/.OPTIMIZER_SLOT/" not in k and k not in expected)
+    if unused:
+      raise ModelDirError(
+          f"checkpoint {checkpoint_path} holds {len(unused)} variable(s) of {name} that the "
+          f"model does not have, e.g. {', '.join(k[:-len(_VALUE)] for k in unused[:3])}: it "
+          "was written by another model (size, layers or heads); check model_config.yaml")
+
+
+def _missing_names(checkpoint_path: str, items) -> str:
+  """``"lacks reader/span_scorer/dense/kernel, ...; "``: the items' variables the checkpoint
+  does not hold under their own paths ("" when none, or when it cannot tell)."""
+  try:
+    stored = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
+  except (ValueError, tf.errors.OpError):
+    return ""
+  missing = [k[:-len(_VALUE)] for name, obj in items.items()
+             for k in checkpoint_keys(name, obj) if k not in stored]
+  if not missing:
+    return ""
+  return f"it lacks {len(missing)} variable(s), e.g. {', '.join(missing[:3])}; "
 
 
 def make_checkpoint(query_embedder=None, block_embedder=None, reader=None,

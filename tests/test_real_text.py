@@ -99,7 +99,8 @@ def reference_bm25(documents, queries, k1=1.5, b=0.75):
 # The trained stages at a tiny size: a handful of steps, short sequences, few questions.
 TINY_BUDGET = real_text.Budget(
     ict_steps=4, ict_batch_size=8, ict_query_seq_length=16, ict_block_seq_length=48,
-    ict_learning_rate=1e-4, openqa_steps=4, openqa_batch_size=2, openqa_learning_rate=5e-5,
+    ict_learning_rate=1e-4, gold_learning_rate=1e-4, gold_epochs=0.02, gold_batch_size=16,
+    openqa_steps=4, openqa_batch_size=2, openqa_learning_rate=5e-5,
     reader_seq_length=64, reader_beam_size=2, retriever_beam_size=8, openqa_validations=2,
     openqa_dev_questions=6, openqa_test_questions=8, eval_batch_size=4)
 TINY = dict(max_articles=4, max_paragraphs=4, max_pages=1, salient_spans=False, batch_size=8,
@@ -251,9 +252,19 @@ def test_tiny_run_openqa(tiny_run):
   assert "best_ckpt" in result["checkpoint"]
   with open(os.path.join(out, "results", "real_text_openqa.csv")) as f:
     rows = list(csv.DictReader(f))
-  assert [r["model"] for r in rows] == [real_text.OPENQA_BEFORE, real_text.OPENQA_AFTER]
-  before, after = rows
+  assert [r["model"] for r in rows] == [real_text.OPENQA_GOLD, real_text.OPENQA_BEFORE,
+                                        real_text.OPENQA_AFTER]
+  gold, before, after = rows
   assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
+  # Stage A ran, Open-QA started from its reader, and its gold row is the test sample's.
+  assert real_text.reader_start(work) == os.path.join(work, "gold_reader")
+  assert int(gold["checkpoint_step"]) == stages["gold_reader"]["steps"] > 0
+  assert stages["gold_test"]["test_file"] == result["test_file"]
+  with open(os.path.join(work, "gold_reader", "test_predictions.jsonl")) as f:
+    gold_rows = [json.loads(line) for line in f]
+  assert float(gold["exact_match"]) == pytest.approx(np.mean([r["em"] for r in gold_rows]),
+                                                     abs=1e-4)
+  assert gold["top_5_match"] == "" and len(gold_rows) == 8
   for row in rows:
     assert int(row["test_questions"]) == result["test_questions"] == 8
     for name in ("exact_match", "top_1_match", "top_5_match", "top_20_match"):
