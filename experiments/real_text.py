@@ -36,7 +36,10 @@ printing one line with the time it took:
    (``--nominilm`` leaves them out: the encoder over every block is the slow part on a CPU);
 5. ``ict_examples/``, ``ict_model/`` (ICT from the converted MiniLM: ``ict_params``),
    ``ict/`` and ``ict_index/``: the ICT tower's recall and its frozen index (``--noict``: not run);
-6. ``minilm_reader_model/``, ``openqa/`` (ORQA's fine-tuning, best checkpoint on dev:
+6. ``minilm_reader_model/``, ``gold_reader/`` (stage A, ``experiments/gold_reader.py``: the
+   reader trained on the train articles' questions with their own paragraphs, its dev EM and
+   F1, and its EM on the Open-QA test sample read in each question's own paragraph: the
+   gold-paragraph row), ``openqa/`` (ORQA's fine-tuning from it, best checkpoint on dev:
    ``openqa_params``), ``openqa_eval/`` (``realm-eval``'s evaluation on the test sample)
    (``--noopenqa``: not run);
 7. ``results/real_text_retrieval.{md,csv}`` (one row per retriever, 95% Wilson intervals over
@@ -409,7 +412,7 @@ class Budget:
   ict_query_seq_length: int = 64
   ict_block_seq_length: int = 128
   ict_learning_rate: float = 1e-4
-  gold_learning_rate: float = 1e-4
+  gold_learning_rate: float = 3e-4
   gold_epochs: float = 2.0
   gold_batch_size: int = 16
   openqa_steps: int = 300
@@ -754,6 +757,45 @@ def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) ->
           "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
 
 
+def read_given_beams(model, beams: Dict[str, np.ndarray]) -> None:
+  """Makes a loaded ``OpenQA`` read, for each question, the blocks ``beams[question]`` (in that
+  order; e.g. BM25's top blocks) instead of its own retrieval. The reader and its scores are
+  unchanged: a read block's span scores still add the query tower's logit for it."""
+  builder = model.builder
+  features = builder.features
+
+  def with_beams(questions, query_embeddings, **kwargs):
+    ids = np.stack([beams[q.question] for q in questions])
+    builder.search = lambda _, k: (ids[:, :k], np.zeros([len(ids), k], np.float32))
+    return features(questions, query_embeddings, **kwargs)
+  builder.features = with_beams
+
+
+def evaluate_bm25_reader(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
+  """The fine-tuned Open-QA model reading BM25's top blocks (``bm25/top_ids.npy``) on the same
+  test sample: what a BM25 user gets from the same reader. Its top-k match is BM25's."""
+  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
+  test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
+  records, _ = qa.read_qa(test_file)
+  top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
+  model = predict.OpenQA.load(os.path.join(work, "openqa"), os.path.join(work, "ict_index"),
+                              os.path.join(work, "blocks"),
+                              reader_beam_size=budget.reader_beam_size,
+                              retriever_beam_size=top.shape[1])
+  read_given_beams(model, {r.question: row for r, row in zip(records, top)})
+  metrics, rows = evaluation.evaluate(model, records, batch_size=budget.eval_batch_size,
+                                      top_k=TOP_K, progress=False)
+  evaluation.write_outputs(os.path.join(work, "bm25_reader_eval"), metrics, rows)
+  after = {"exact_match": proportion([r["correct"] for r in rows])}
+  for k in TOP_K:
+    after[f"top_{k}_match"] = proportion([r["first_correct_rank"] is not None
+                                          and r["first_correct_rank"] < k for r in rows])
+  return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
+          "after": after}
+
+
 # --------------------------------------------------------------------------------- results --
 
 def _interval_text(value: float, lo: float, hi: float) -> str:
@@ -861,15 +903,21 @@ OPENQA_FIELDS = ("model", "checkpoint_step", "exact_match", "exact_match_lo", "e
 OPENQA_BEFORE = "before fine-tuning (ICT retriever)"
 OPENQA_AFTER = "after fine-tuning (ICT retriever + MiniLM reader)"
 OPENQA_GOLD = "gold paragraph (stage A reader, no retrieval)"
+OPENQA_BM25 = "BM25 top blocks + the same fine-tuned reader"
 
 
 def openqa_rows(evaluation: Dict, training: Dict, gold: Optional[Dict] = None,
-                gold_step: int = 0) -> List[Dict]:
+                gold_step: int = 0, bm25: Optional[Dict] = None) -> List[Dict]:
   """The table's rows: the gold paragraph (``gold``: stage A's reader after ``gold_step``
-  steps), before and after fine-tuning."""
+  steps), before and after fine-tuning, and BM25's blocks read by the same reader."""
   rows = []
   runs = [(OPENQA_BEFORE, evaluation["before"], 0),
           (OPENQA_AFTER, evaluation["after"], training["best_step"])]
+  if bm25 is not None:
+    if bm25["test_file"] != evaluation["test_file"]:
+      raise RealTextError(f"the BM25 row read {bm25['test_file']}, the Open-QA evaluation "
+                          f"{evaluation['test_file']}: not the same questions")
+    runs.append((OPENQA_BM25, bm25["after"], training["best_step"]))
   if gold is not None:
     if gold["test_file"] != evaluation["test_file"]:
       raise RealTextError(f"the gold-paragraph row read {gold['test_file']}, the Open-QA "
@@ -892,7 +940,7 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
   evaluation, training, budget = stages["openqa_eval"], stages["openqa_train"], stages["budget"]
   gold = stages.get("gold_reader")
   rows = openqa_rows(evaluation, training, stages.get("gold_test"),
-                     gold["steps"] if gold else 0)
+                     gold["steps"] if gold else 0, stages.get("bm25_reader"))
   csv_path = os.path.join(results, OPENQA_NAME + ".csv")
   _write_csv(csv_path, OPENQA_FIELDS, rows)
   dev = training["dev"].get("exact_match", [])
@@ -919,7 +967,9 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
       "whole words). In brackets: 95% Wilson intervals over the questions. Before "
       "fine-tuning the retriever is the ICT tower: its top-k match over the same questions "
       "and index. The gold-paragraph row reads each test question in the paragraph it was "
-      "written from (no retrieval): the reader's ceiling.",
+      "written from (no retrieval): the reader's ceiling. The BM25 row reads BM25's top "
+      f"{budget['reader_beam_size']} blocks with the fine-tuned model (its span scores "
+      "still add the query tower's score of each block); its top-k match is BM25's.",
       "",
       "| model | step | EM | top-1 match | top-5 match | top-20 match | test questions |",
       "|---|---|---|---|---|---|---|"]
@@ -929,7 +979,8 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
     lines.append(f"| {row['model']} | {row['checkpoint_step']} | {' | '.join(cells)} | "
                  f"{row['test_questions']} |")
   lines += ["", "| stage | seconds |", "|---|---|"]
-  for name in ("reader_convert", "gold_reader", "gold_test", "openqa_train", "openqa_eval"):
+  for name in ("reader_convert", "gold_reader", "gold_test", "openqa_train", "openqa_eval",
+               "bm25_reader"):
     if name in stages:
       lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
   lines.append("")
@@ -1052,6 +1103,9 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
     stages["openqa_eval"] = stage(
         "Open-QA evaluation", os.path.join(work, "openqa_eval", "done.json"),
         lambda: evaluate_openqa(work, budget, seed, max_questions))
+    stages["bm25_reader"] = stage(
+        "BM25 + the reader", os.path.join(work, "bm25_reader_eval", "done.json"),
+        lambda: evaluate_bm25_reader(work, budget, seed, max_questions))
   stages["results"] = write_results(out, stages, max_questions)
   labels = [(BM25, stages["bm25"])]
   if "minilm" in stages:

@@ -253,8 +253,8 @@ def test_tiny_run_openqa(tiny_run):
   with open(os.path.join(out, "results", "real_text_openqa.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["model"] for r in rows] == [real_text.OPENQA_GOLD, real_text.OPENQA_BEFORE,
-                                        real_text.OPENQA_AFTER]
-  gold, before, after = rows
+                                        real_text.OPENQA_AFTER, real_text.OPENQA_BM25]
+  gold, before, after, bm25 = rows
   assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
   # Stage A ran, Open-QA started from its reader, and its gold row is the test sample's.
   assert real_text.reader_start(work) == os.path.join(work, "gold_reader")
@@ -265,6 +265,20 @@ def test_tiny_run_openqa(tiny_run):
   assert float(gold["exact_match"]) == pytest.approx(np.mean([r["em"] for r in gold_rows]),
                                                      abs=1e-4)
   assert gold["top_5_match"] == "" and len(gold_rows) == 8
+  # The BM25 row read BM25's blocks: its top-k match is BM25's on the same sample.
+  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
+  bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
+  sample, _ = qa.read_qa(result["test_file"])
+  chosen = real_text.qa_subset(work, "test", 8, 0)[1]
+  first = real_text.first_hits(np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen],
+                               bodies, sample)
+  for k in (1, 5):
+    assert float(bm25[f"top_{k}_match"]) == pytest.approx(np.mean(first < k), abs=1e-4)
+  with open(os.path.join(work, "bm25_reader_eval", "predictions_with_evidence.jsonl")) as f:
+    read = [json.loads(line) for line in f]
+  bm25_top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
+  for row, top in zip(read, bm25_top):
+    assert [b["block_id"] for b in row["blocks"]] == top[:2].tolist()
   for row in rows:
     assert int(row["test_questions"]) == result["test_questions"] == 8
     for name in ("exact_match", "top_1_match", "top_5_match", "top_20_match"):
