@@ -41,7 +41,7 @@ import json
 import math
 import os
 import time
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app
 from absl import flags
@@ -217,24 +217,40 @@ def batch_arrays(windows: Sequence[Window], segments: Optional[Sequence[int]] = 
   return arrays
 
 
-def question_batches(groups: Sequence[Sequence[Window]], batch_size: int,
-                     rng: np.random.RandomState) -> Iterator[Dict[str, np.ndarray]]:
-  """Endless training batches of ``batch_size`` windows: whole questions (all of a question's
-  windows, ``groups``), shuffled each pass and packed in order; the rest of a batch that the
-  next question does not fit is padding (``segment`` -1)."""
-  if max(len(g) for g in groups) > batch_size:
-    raise GoldReaderError(f"a question has {max(len(g) for g in groups)} windows, more than "
+def plan_batches(sizes: Sequence[int], batch_size: int, epochs: float,
+                 rng: np.random.RandomState, steps: int = 0) -> List[List[int]]:
+  """Training batches as lists of questions (indices into ``sizes``, each question's window
+  count): whole questions, shuffled each pass and packed in order into ``batch_size`` rows (a
+  batch that the next question does not fit is closed and padded). ``epochs`` passes, so that
+  every question is seen ``epochs`` times (a fractional last pass takes the first questions of
+  its shuffle), unless ``steps`` > 0 asks for exactly that many batches."""
+  if max(sizes) > batch_size:
+    raise GoldReaderError(f"a question has {max(sizes)} windows, more than "
                           f"--batch_size={batch_size}; raise --batch_size or --stride")
-  rows: List[Window] = []
-  segments: List[int] = []
-  while True:
-    for i in rng.permutation(len(groups)):
-      if len(rows) + len(groups[i]) > batch_size:
-        pad = batch_size - len(rows)
-        yield batch_arrays(rows + [rows[0]] * pad, segments + [-1] * pad)
-        rows, segments = [], []
-      segments += [segments[-1] + 1 if segments else 0] * len(groups[i])
-      rows += groups[i]
+  batches: List[List[int]] = [[]]
+  filled, taken = 0, 0
+  total = max(1, round(epochs * len(sizes)))
+  while (len(batches) <= steps) if steps else (taken < total):
+    for i in rng.permutation(len(sizes)):
+      if not steps and taken == total:
+        break
+      if filled + sizes[i] > batch_size:
+        batches.append([])
+        filled = 0
+      batches[-1].append(int(i))
+      filled += sizes[i]
+      taken += 1
+  return batches[:steps] if steps else batches
+
+
+def batch_of(groups: Sequence[Sequence[Window]], questions: Sequence[int],
+             batch_size: int) -> Dict[str, np.ndarray]:
+  """The features of one planned batch: its questions' windows, each window's ``segment``
+  (its question's place in the batch; -1 for the padding rows after them)."""
+  rows = [w for q in questions for w in groups[q]]
+  segments = [n for n, q in enumerate(questions) for _ in groups[q]]
+  pad = batch_size - len(rows)
+  return batch_arrays(rows + [rows[0]] * pad, segments + [-1] * pad)
 
 
 def question_loss(logits, correct, segment):
@@ -392,8 +408,9 @@ def train(reader_dir: str, output_dir: str, squad_file: str, settings: Settings 
   for w in windows:
     by_question[w.question].append(w)
   groups = [g for g in by_question.values() if any(w.gold for w in g)]
-  steps = settings.steps or math.ceil(
-      settings.epochs * sum(map(len, groups)) / settings.batch_size)
+  plan = plan_batches([len(g) for g in groups], settings.batch_size, settings.epochs,
+                      np.random.RandomState(settings.seed), settings.steps)
+  steps = len(plan)
   warmup = int(settings.warmup * steps)
   say(f"gold reader: {len(questions)} train questions, {len(groups)} with an answer span "
       f"({counts}); {steps} steps of {settings.batch_size} (lr {settings.learning_rate}, "
@@ -417,12 +434,11 @@ def train(reader_dir: str, output_dir: str, squad_file: str, settings: Settings 
     return loss
 
   tf_keras.utils.set_random_seed(settings.seed)
-  rng = np.random.RandomState(settings.seed)
   writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
-  batches = question_batches(groups, settings.batch_size, rng)
   losses, train_start = [], time.time()
-  for step in range(1, steps + 1):
-    loss = float(train_step({k: tf.constant(v) for k, v in next(batches).items()}))
+  for step, questions_of_batch in enumerate(plan, start=1):
+    arrays = batch_of(groups, questions_of_batch, settings.batch_size)
+    loss = float(train_step({k: tf.constant(v) for k, v in arrays.items()}))
     losses.append(loss)
     if step % 10 == 0 or step == steps:
       with writer.as_default():

@@ -164,23 +164,25 @@ def test_question_loss_is_orqas_over_all_windows_of_a_question():
   assert got == pytest.approx(want, rel=1e-5)
 
 
-def test_question_batches_pack_whole_questions():
+def test_batches_pack_whole_questions_and_every_pass_sees_each_once():
+  rng = np.random.RandomState(0)
+  sizes = rng.randint(1, 5, size=50).tolist()
+  plan = gold_reader.plan_batches(sizes, 8, 2.0, np.random.RandomState(0))
+  # Two passes: every question exactly twice; no batch over its rows; a batch is closed only
+  # when the next question does not fit.
+  assert sorted(q for b in plan for q in b) == sorted(list(range(50)) * 2)
+  assert all(sum(sizes[q] for q in b) <= 8 for b in plan)
+  assert all(sum(sizes[q] for q in b) + sizes[nxt[0]] > 8 for b, nxt in zip(plan, plan[1:]))
+  half = gold_reader.plan_batches(sizes, 8, 0.5, np.random.RandomState(0))
+  assert len({q for b in half for q in b}) == 25
+  assert len(gold_reader.plan_batches(sizes, 8, 2.0, np.random.RandomState(0), steps=7)) == 7
+
   def window(q, gold):
     return gold_reader.Window(q, 0, 2, np.full([4], q), np.ones([4]), np.ones([4]), gold)
-  groups = [[window(0, [(2, 2)]), window(0, [])], [window(1, [(3, 3)])],
-            [window(2, []), window(2, [(2, 3)]), window(2, [])]]
-  batches = gold_reader.question_batches(groups, 4, np.random.RandomState(0))
-  seen = []
-  for _ in range(6):
-    b = next(batches)
-    assert b["input_word_ids"].shape == (4, 4)
-    real = b["segment"] >= 0
-    # Each question's rows are together, under one segment id, numbered from 0.
-    for seg in set(b["segment"][real]):
-      qs = set(b["input_word_ids"][b["segment"] == seg][:, 0])
-      assert len(qs) == 1
-      seen.append((qs.pop(), int((b["segment"] == seg).sum())))
-    assert sorted(set(b["segment"][real])) == list(range(len(set(b["segment"][real]))))
-  assert {q: n for q, n in seen} == {0: 2, 1: 1, 2: 3}
+  groups = [[window(0, [(2, 2)]), window(0, [])], [window(1, [(3, 3)])]]
+  b = gold_reader.batch_of(groups, [1, 0], 4)
+  assert b["input_word_ids"][:, 0].tolist() == [1, 0, 0, 1]      # the last row is padding
+  assert b["segment"].tolist() == [0, 1, 1, -1]
+  assert b["gold_mask"].sum(1).tolist() == [1, 1, 0, 1]
   with pytest.raises(gold_reader.GoldReaderError, match="--batch_size"):
-    next(gold_reader.question_batches(groups, 2, np.random.RandomState(0)))
+    gold_reader.plan_batches([1, 3], 2, 1.0, np.random.RandomState(0))
