@@ -64,8 +64,9 @@ def world(tmp_path_factory):
                               patterns_file=files["patterns"], block_seq_length=LB,
                               query_seq_length=LQ, eval_fraction=0.3)["dirs"]
   towers = str(root / "towers")
-  trainer = testing.TinyTrainer(towers, files["vocab"], hidden_size=HIDDEN,
-                                projection_size=DIM, query_seq_length=LQ, block_seq_length=LB)
+  # The index's towers are the tasks' own shape: a strict restore refuses any other.
+  shape = dict(files=files, vocab_size=len(load_vocab(files["vocab"])))
+  trainer = testing.TinyTrainer(towers, files["vocab"], config=model_config(shape))
   trainer.perturb(0.3)   # untrained towers score every block alike
   trainer.save(0)
   index_dir = str(root / "index")
