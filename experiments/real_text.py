@@ -725,6 +725,20 @@ def train_openqa(work: str, vocab_file: str, budget: Budget, seed: int,
                   for k in ("exact_match", "official_exact_match", "top_5_match") if k in dev}}
 
 
+def score_openqa(model, records, budget: Budget, out_dir: str):
+  """``realm-eval``'s evaluation of a loaded ``OpenQA`` on ``records``, written to
+  ``out_dir``: its metrics, rows, and EM and top-k match with their Wilson intervals."""
+  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
+  metrics, rows = evaluation.evaluate(model, records, batch_size=budget.eval_batch_size,
+                                      top_k=TOP_K, progress=False)
+  evaluation.write_outputs(out_dir, metrics, rows)
+  scores = {"exact_match": proportion([r["correct"] for r in rows])}
+  for k in TOP_K:
+    scores[f"top_{k}_match"] = proportion([r["first_correct_rank"] is not None
+                                           and r["first_correct_rank"] < k for r in rows])
+  return metrics, rows, scores
+
+
 def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
   """``realm-eval``'s evaluation (``openqa.evaluation.evaluate``) of the best dev checkpoint
   on ``--openqa_test_questions`` test questions: official EM and top-k match with their
@@ -732,7 +746,6 @@ def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) ->
   the same questions' hits in the ICT stage's top 20 (the initialization's query tower, the
   same index embeddings, the same ``HasAnswer`` test)."""
   from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
   test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
   records, _ = qa.read_qa(test_file)
@@ -740,13 +753,8 @@ def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) ->
                               os.path.join(work, "blocks"),
                               reader_beam_size=budget.reader_beam_size,
                               retriever_beam_size=budget.retriever_beam_size)
-  metrics, rows = evaluation.evaluate(model, records, batch_size=budget.eval_batch_size,
-                                      top_k=TOP_K, progress=False)
-  evaluation.write_outputs(os.path.join(work, "openqa_eval"), metrics, rows)
-  after = {"exact_match": proportion([r["correct"] for r in rows])}
-  for k in TOP_K:
-    after[f"top_{k}_match"] = proportion([r["first_correct_rank"] is not None
-                                          and r["first_correct_rank"] < k for r in rows])
+  metrics, rows, after = score_openqa(model, records, budget,
+                                      os.path.join(work, "openqa_eval"))
   from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
   bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
   first = first_hits(np.load(os.path.join(work, "ict", "top_ids.npy"))[chosen], bodies,
@@ -775,7 +783,6 @@ def evaluate_bm25_reader(work: str, budget: Budget, seed: int, max_questions: in
   """The fine-tuned Open-QA model reading BM25's top blocks (``bm25/top_ids.npy``) on the same
   test sample: what a BM25 user gets from the same reader. Its top-k match is BM25's."""
   from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
   test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
   records, _ = qa.read_qa(test_file)
@@ -785,13 +792,8 @@ def evaluate_bm25_reader(work: str, budget: Budget, seed: int, max_questions: in
                               reader_beam_size=budget.reader_beam_size,
                               retriever_beam_size=top.shape[1])
   read_given_beams(model, {r.question: row for r, row in zip(records, top)})
-  metrics, rows = evaluation.evaluate(model, records, batch_size=budget.eval_batch_size,
-                                      top_k=TOP_K, progress=False)
-  evaluation.write_outputs(os.path.join(work, "bm25_reader_eval"), metrics, rows)
-  after = {"exact_match": proportion([r["correct"] for r in rows])}
-  for k in TOP_K:
-    after[f"top_{k}_match"] = proportion([r["first_correct_rank"] is not None
-                                          and r["first_correct_rank"] < k for r in rows])
+  _, rows, after = score_openqa(model, records, budget,
+                                os.path.join(work, "bm25_reader_eval"))
   return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
           "after": after}
 
@@ -947,7 +949,7 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
   lines = [
       "# Open-QA on real text: SQuAD v1.1 dev questions, split by article",
       "",
-      f"ORQA's fine-tuning from the ICT-trained MiniLM retriever with a MiniLM reader ("
+      "ORQA's fine-tuning from the ICT-trained MiniLM retriever with a MiniLM reader ("
       + (f"stage A's: the converted encoder and span scorer trained on the training "
          f"questions' own paragraphs, {gold['steps']} steps of {budget['gold_batch_size']} "
          f"windows, lr {budget['gold_learning_rate']}; dev EM "
