@@ -279,9 +279,24 @@ def test_tiny_run_openqa(tiny_run):
   bm25_top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
   for row, top in zip(read, bm25_top):
     assert [b["block_id"] for b in row["blocks"]] == top[:2].tolist()
+  # Read match is what fine-tuning trains on: a question whose read rows (the builder's
+  # features for the blocks it read) hold a gold span.
+  assert gold["read_match"] == before["read_match"] == ""
+  for row, evidence in ((after, "openqa_eval"), (bm25, "bm25_reader_eval")):
+    with open(os.path.join(work, evidence, "predictions_with_evidence.jsonl")) as f:
+      answered = [json.loads(line) for line in f]
+    model = predict.OpenQA.load(train["model_dir"], os.path.join(work, "ict_index"),
+                                reader_beam_size=2, retriever_beam_size=2)
+    hits = real_text.read_hits(model, sample, answered)
+    real_text.read_given_beams(model, {r["question"]: [b["block_id"] for b in r["blocks"]]
+                                       for r in answered})
+    features = model.builder.features([inputs_lib.question_of(r) for r in sample],
+                                      np.zeros([len(sample), 1], np.float32))
+    assert hits == features["gold_mask"].any(axis=(1, 2)).tolist()
+    assert float(row["read_match"]) == pytest.approx(np.mean(hits), abs=1e-4)
   for row in rows:
     assert int(row["test_questions"]) == result["test_questions"] == 8
-    for name in ("exact_match", "top_1_match", "top_5_match", "top_20_match"):
+    for name in ("exact_match", "read_match", "top_1_match", "top_5_match", "top_20_match"):
       if row[name]:
         lo, value, hi = (float(row[f"{name}{s}"]) for s in ("_lo", "", "_hi"))
         assert 0.0 <= lo <= value <= hi <= 1.0 and hi > lo
