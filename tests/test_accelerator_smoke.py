@@ -96,6 +96,54 @@ def test_xla_check_judges_loss_and_weights_tightly_and_metrics_by_their_spread(t
                                                     "metric retrieval_margin"]
 
 
+def test_logit_differences_and_retrieved_shares_get_room_from_the_step_sizes():
+  """Two healthy 20-step smoke runs that failed (2026-12-04), the loss equal both times: the
+  margin 0.0034847 uncompiled, 0.0034661 compiled (its spread 9.2e-5; logits of size ~128);
+  distinct_candidates 0.10833 against 0.1125 (1 of 240 retrieved blocks swapped at a tie)."""
+  spreads = {"retrieval_margin": 9.2e-5, "distinct_candidates": 0.0036, "mlm_accuracy": 0.0}
+  sizes = {"logits": 128.0, "retrieved": 240.0}
+  weights = [np.ones([2, 2])]
+
+  def judged(margin=0.0034661, distinct=0.1125, accuracy=0.25, **kw):
+    eager = _step(2.5, weights, 0.0034847)
+    eager.metrics["distinct_candidates"] = 0.10833334
+    xla = _step(2.5, weights, margin)
+    xla.metrics.update(distinct_candidates=distinct, mlm_accuracy=accuracy)
+    return [d.split(":")[0] for d in accelerator_smoke.step_differences(eager, xla, spreads,
+                                                                         **kw)]
+  assert judged() == ["metric distinct_candidates", "metric retrieval_margin"]   # no sizes
+  assert judged(sizes=sizes) == []
+  # 2e-4 x 128 = 0.026 for the margin; 2.4 of 240 blocks (0.01) for a retrieved share.
+  assert judged(margin=0.0034847 + 0.03, sizes=sizes) == ["metric retrieval_margin"]
+  assert judged(distinct=0.10833334 + 3 / 240, sizes=sizes) == ["metric distinct_candidates"]
+  # A small batch still allows one swapped block.
+  assert judged(sizes={"logits": 128.0, "retrieved": 28.0}, distinct=0.10833334 + 1 / 28) == []
+  # The others are judged as before.
+  assert judged(accuracy=0.2501, sizes=sizes) == ["metric mlm_accuracy"]
+
+
+class _Scorer:
+  """A model scoring candidates by the logits it is given."""
+
+  query_embedder = None
+
+  def __init__(self, logits):
+    self.logits = logits
+
+  def __call__(self, features, training=None):
+    del features, training
+    return {"retrieval_logits": tf.constant(self.logits)}
+
+
+def test_retrieval_sizes_of_a_step():
+  batch = {"candidate_word_ids": tf.zeros([2, 2, 3], tf.int32)}
+  task = object()   # host retrieval: the batch carries its candidates
+  sizes = accelerator_smoke.retrieval_sizes(task, _Scorer([[1.0, -3.0], [0.5, 0.25]]), batch)
+  assert sizes == {"logits": pytest.approx(1.75), "retrieved": 2.0}   # the null is not retrieved
+  assert accelerator_smoke.retrieval_sizes(task, object(), batch) == {}          # no towers
+  assert accelerator_smoke.retrieval_sizes(task, _Scorer([[1.0]]), {}) == {}     # no candidates
+
+
 def test_experiment_params_from_arguments_not_flags(tmp_path):
   """The library functions take their parameters (only main reads absl's flags, which these
   tests never define)."""
