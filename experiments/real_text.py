@@ -998,7 +998,6 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
       f"{budget['reader_beam_size']} blocks with the fine-tuned model (its span scores "
       "still add the query tower's score of each block); its top-k match is BM25's.",
       "",
-      "",
       f"Read match: an answer inside the part of the {budget['reader_beam_size']} read blocks "
       f"that the reader's {budget['reader_seq_length']} wordpieces hold beside the question "
       "(top-k match tests whole blocks of 288): the most that reading those blocks can get.",
