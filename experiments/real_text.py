@@ -924,9 +924,10 @@ def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> 
 
 
 OPENQA_FIELDS = ("model", "checkpoint_step", "exact_match", "exact_match_lo", "exact_match_hi",
-                 "read_match", "read_match_lo", "read_match_hi", "top_1_match", "top_1_match_lo", "top_1_match_hi", "top_5_match",
-                 "top_5_match_lo", "top_5_match_hi", "top_20_match", "top_20_match_lo",
-                 "top_20_match_hi", "test_questions")
+                 "read_match", "read_match_lo", "read_match_hi", "top_1_match",
+                 "top_1_match_lo", "top_1_match_hi", "top_5_match", "top_5_match_lo",
+                 "top_5_match_hi", "top_20_match", "top_20_match_lo", "top_20_match_hi",
+                 "test_questions")
 OPENQA_BEFORE = "before fine-tuning (ICT retriever)"
 OPENQA_AFTER = "after fine-tuning (ICT retriever + MiniLM reader)"
 OPENQA_GOLD = "gold paragraph (stage A reader, no retrieval)"
