@@ -1001,7 +1001,8 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
       "",
       f"Read match: an answer inside the part of the {budget['reader_beam_size']} read blocks "
       f"that the reader's {budget['reader_seq_length']} wordpieces hold beside the question "
-      "(top-k match tests whole blocks of 288): the most that reading those blocks can get.",
+      f"(top-k match tests whole blocks of {stages['block_seq_length']}): the most that "
+      "reading those blocks can get.",
       "",
       "| model | step | EM | read match | top-1 match | top-5 match | top-20 match | "
       "test questions |",
