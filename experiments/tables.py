@@ -272,6 +272,53 @@ def analysis_line(c: Dict) -> str:
   return line + f" -> **{c['verdict']}**"
 
 
+def question_form(question: str) -> str:
+  """A question with its names blanked: "In what year was X born?". A name is a run of
+  capitalized words after the first word."""
+  words = question.split()
+  out = words[:1]
+  for w in words[1:]:
+    name = w[:1].isupper()
+    if not (name and out[-1].startswith("X")):
+      out.append(("X" + w[len(w.rstrip("?.,")):]) if name else w)
+    elif w[-1:] in "?.,":
+      out[-1] = "X" + w[-1]
+  return " ".join(out)
+
+
+def turnover(runs: Sequence[Dict], outcome: str, a: str, b: str, min_form: int = 10) -> Dict:
+  """What a paired comparison's per-question records say beneath its mean: per seed, the
+  questions ``a`` gets right and ``b`` wrong (``gained``) and the reverse (``lost``); over
+  seeds, how many questions are gained in more seeds than lost (``mostly_gained``) and the
+  reverse (``mostly_lost``); and the mean difference by question form (forms of at least
+  ``min_form`` questions; ``by_form``: form -> (questions, difference))."""
+  gained, lost, net = [], [], None
+  for r in runs:
+    x = [c == "1" for c in outcomes(r, outcome, a)]
+    y = [c == "1" for c in outcomes(r, outcome, b)]
+    d = [int(u) - int(v) for u, v in zip(x, y)]
+    gained.append(d.count(1))
+    lost.append(d.count(-1))
+    net = d if net is None else [n + e for n, e in zip(net, d)]
+  forms: Dict[str, List[int]] = {}
+  for i, q in enumerate(runs[0]["test_questions"]):
+    forms.setdefault(question_form(q), []).append(i)
+  by_form = {f: (len(ix), sum(net[i] for i in ix) / (len(ix) * len(runs)))
+             for f, ix in forms.items() if len(ix) >= min_form}
+  return dict(gained=gained, lost=lost, mostly_gained=sum(n > 0 for n in net),
+              mostly_lost=sum(n < 0 for n in net), questions=len(net),
+              by_form=dict(sorted(by_form.items(), key=lambda kv: -kv[1][0])))
+
+
+def turnover_line(label: str, t: Dict) -> str:
+  """One comparison's :func:`turnover` as a Markdown list line."""
+  seeds = ", ".join(f"+{g}/-{l}" for g, l in zip(t["gained"], t["lost"]))
+  forms = "; ".join(f"{f} ({n}) {100 * d:+.1f}" for f, (n, d) in t["by_form"].items())
+  return (f"- {label}: questions gained/lost per seed {seeds}; over the seeds "
+          f"{t['mostly_gained']} of {t['questions']} questions are gained more often than "
+          f"lost, {t['mostly_lost']} lost more often; by question form (points): {forms}")
+
+
 def record_cells(run: Dict) -> Dict[str, Dict[str, float]]:
   """Each row's EM and zero-shot recall@5 recomputed from one seed file's per-question
   records; raises ValueError when a record disagrees with the seed's own summary (its count of
@@ -429,7 +476,11 @@ def render(out: str, seeds: Dict[int, Dict], tables: Sequence[str]) -> str:
             "direction at Holm's level over the four primary comparisons.\n\nPrimary:\n"
             + "\n".join(analysis_line(c) for c in found["primary"])
             + "\n\nSecondary (95%, unadjusted):\n"
-            + "\n".join(analysis_line(c) for c in found["secondary"]))
+            + "\n".join(analysis_line(c) for c in found["secondary"])
+            + "\n\nBeneath the primary means, the per-question records (a question is "
+            "gained when the first row gets it and the second does not):\n"
+            + "\n".join(turnover_line(label, turnover(runs, outcome, a, b))
+                         for label, outcome, a, b in PRIMARY))
     z0 = runs[0]["zero_shot"]["ict"]
     if z0["never_covered_questions"]:
       split_rows = []

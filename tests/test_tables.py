@@ -91,6 +91,8 @@ def _fake_seed(rng, seed, fingerprints=("c0de", "c0f1"), **settings):
               world=dict(num_blocks=388, test_questions=200, held_out_sentences=230,
                          news_sentences=300),
               openqa=openqa, zero_shot=zero_shot,
+              test_questions=[f"Where was Nyny Ost{i} born?" if i < 100 else
+                              f"Who wrote The Book{i}?" for i in range(200)],
               table3=dict(examples=examples, count=3, medians=medians), curves=curves)
 
 
@@ -322,6 +324,21 @@ def test_analysis_on_constructed_seeds_with_known_answers():
   assert line.startswith("- (a) REALM - ICT, zero-shot recall@5: +15.0 points; 95% over seeds "
                          "[+15.0, +15.0]") and "6 of 6 seeds above 0" in line
   assert "Holm level" in line and line.endswith("-> **holds**")
+  # Beneath the means: (a) gains questions 0-29 (all "Where was X born?") in every seed;
+  # (c) gains 0-19 in odd seeds and loses 30-49 in even ones, which cancel within the form.
+  t = tables.turnover(seeds, "recall", "REALM", "baseline (ORQA)")
+  assert (t["gained"], t["lost"]) == ([30] * 6, [0] * 6)
+  assert (t["mostly_gained"], t["mostly_lost"], t["questions"]) == (30, 0, 200)
+  assert t["by_form"] == {"Where was X born?": (100, pytest.approx(0.3)),
+                          "Who wrote X?": (100, 0.0)}
+  t = tables.turnover(seeds, "recall", tables.NEWS_ROW, "baseline (ORQA)")
+  assert (t["gained"], t["lost"]) == ([0, 20] * 3, [20, 0] * 3)
+  assert (t["mostly_gained"], t["mostly_lost"]) == (20, 20)
+  assert t["by_form"]["Where was X born?"] == (100, 0.0)
+  assert tables.turnover_line("(c)", t).startswith(
+      "- (c): questions gained/lost per seed +0/-20, +20/-0, +0/-20")
+  assert tables.question_form("In which city is the Belbogor Academy based?") == (
+      "In which city is the X based?")
   # One seed: no interval over seeds, nothing established.
   one = tables.analysis(seeds[:1])["primary"][0]
   assert one["verdict"] == "not established" and "none (one seed)" in tables.analysis_line(one)
