@@ -85,20 +85,11 @@ TABLE1_ROWS = {"ORQA (baseline)": ("baseline (ORQA)", "ORQA"),
                "REALM, X = Z (the encyclopedia)": ("REALM", "REALM (Wikipedia)"),
                "REALM, X = news, Z = the encyclopedia": (NEWS_ROW, "REALM (CC-News)")}
 
-# Student t quantiles t_{0.975, df}.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
-
 
 def mean_ci(values: Sequence[float]):
   """``(mean, 95% half-width)`` over seeds (Student t); half-width nan for one value."""
-  values = [float(v) for v in values]
-  m = statistics.fmean(values)
-  if len(values) < 2:
-    return m, float("nan")
-  df = len(values) - 1
-  t = _T975.get(df) or _T975[max(k for k in _T975 if k <= df)]
-  return m, t * statistics.stdev(values) / math.sqrt(len(values))
+  lo, hi = t_interval(values, 0.95)
+  return statistics.fmean(float(v) for v in values), (hi - lo) / 2
 
 
 def fmt(values: Sequence[float], scale: float = 100.0, digits: int = 1) -> str:
