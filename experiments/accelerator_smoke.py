@@ -304,7 +304,7 @@ def xla_check(params, model_dir: str, strategy):
   for _ in range(2):
     with strategy.scope():
       model = task.build_model()
-      model_dir_lib.restore(checkpoint, allow_missing=True, **model.checkpoint_items)
+      model_dir_lib.restore(checkpoint, **model.checkpoint_items)
       optimizer = task.create_optimizer(tpu_readiness.CHECK_OPTIMIZER, params.runtime)
       metrics = task.build_metrics(training=True)
       if hasattr(task, "before_train_loop"):

@@ -133,6 +133,8 @@ def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
   """
   items = {k: v for k, v in items.items() if v is not None}
   try:
+    # expect_partial: the checkpoint's other items are not wanted; exactness is checked just
+    # below (assert_existing_objects_matched) and after (unused variables).
     status = tf.train.Checkpoint(**items).read(checkpoint_path).expect_partial()
     if not allow_missing:
       status.assert_existing_objects_matched()

@@ -96,6 +96,8 @@ class _EvalCheckpointManager(tf.train.CheckpointManager):
   def restore_or_initialize(self):
     if self.latest_checkpoint is None:
       return super().restore_or_initialize()
+    # expect_partial: the checkpoint's optimizer slots have nothing to restore into here;
+    # the model is the trainer's own, so every model variable is in it.
     self.checkpoint.restore(self.latest_checkpoint).expect_partial()
     return self.latest_checkpoint
 

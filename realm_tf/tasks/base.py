@@ -20,6 +20,9 @@ class RealmBaseTask(base_task.Task):
     """Restores ``model.checkpoint_items`` from ``init_checkpoint`` (a model directory or a
     checkpoint), when given; items missing from it keep their fresh initialization."""
     if self.task_config.init_checkpoint:
+      # allow_missing: a warm start, not a reload. The start may hold part of the model only
+      # (BERT has no projection for ICT's towers); the rest starts fresh, and a variable of
+      # another shape is still refused.
       model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
                             allow_missing=True, **model.checkpoint_items)
 

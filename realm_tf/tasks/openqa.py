@@ -108,6 +108,9 @@ class OpenQaTask(base.RealmBaseTask):
                (cfg.reader_init_checkpoint, dict(reader=model.reader))]
     for path, items in sources:
       if path:
+        # allow_missing: a warm start. ORQA's span scorer is new at fine-tuning, so a REALM,
+        # ICT or MLM start lacks it (and ICT lacks the reader); it starts fresh. Reloading a
+        # fine-tuned model for answering (predict.OpenQA.load) is strict.
         model_dir_lib.restore(model_dir_lib.resolve_checkpoint(path), allow_missing=True,
                               **items)
         logging.info("open-qa: %s from %s", ", ".join(items), path)

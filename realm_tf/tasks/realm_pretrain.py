@@ -119,7 +119,9 @@ class RealmPretrainTask(base.RealmBaseTask):
       logging.info("retriever initialized from %s", path)
     if cfg.reader_init_checkpoint:
       path = model_dir_lib.resolve_checkpoint(cfg.reader_init_checkpoint)
-      model_dir_lib.restore(path, allow_missing=True, reader=model.reader)
+      # Strict, like the towers: the reader's start (the reader warm start's model directory,
+      # or a converted BERT, test_paper_recipe) holds the whole reader, MLM head included.
+      model_dir_lib.restore(path, reader=model.reader)
       logging.info("reader initialized from %s", path)
 
   def model_dir_config(self):
