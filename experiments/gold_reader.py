@@ -10,7 +10,7 @@ was written from, and scores it on the *dev* articles' questions with theirs (th
 paragraph: the reader's ceiling in Open-QA). The split is ``data_prep.squad.split_of``'s, the
 one the questions of ``real_text`` use, so no test article is read here.
 
-* Inputs are the Open-QA reader's rows (``OpenQaInputBuilder.reader_row``'s layout:
+* Inputs are the Open-QA reader's rows (``inputs.reader_row``'s layout:
   ``[CLS] question [SEP] paragraph window [SEP]``, the window's type id 1) at the Open-QA
   reader length, so stage B reads what stage A trained on. A paragraph longer than the room
   after the question is cut into windows ``stride`` wordpieces apart (SQuAD's ``doc_stride``).
@@ -151,17 +151,6 @@ class Window:
   gold: List[Tuple[int, int]]
 
 
-def reader_row(question_ids, body_ids, seq_length: int, cls_id: int, sep_id: int):
-  """``[CLS] q [SEP] body [SEP]`` padded to ``seq_length``, the body's type id 1; the body's
-  first row position. The layout of ``OpenQaInputBuilder.reader_row`` (tests compare them)."""
-  ids = np.concatenate([[cls_id], question_ids, [sep_id], body_ids, [sep_id]]).astype(np.int32)
-  word_ids = np.zeros([seq_length], np.int32)
-  word_ids[:len(ids)] = ids
-  mask = (np.arange(seq_length) < len(ids)).astype(np.int32)
-  type_ids = ((np.arange(seq_length) >= len(question_ids) + 2) & (mask > 0)).astype(np.int32)
-  return word_ids, mask, type_ids, len(question_ids) + 2
-
-
 def make_windows(tokenizer, paragraphs: Sequence[str], questions: Sequence[Question],
                  settings: Settings, max_span_width: int):
   """The paragraphs' ``BlockText``s, every question's windows, and counts (answers too long
@@ -187,8 +176,8 @@ def make_windows(tokenizer, paragraphs: Sequence[str], questions: Sequence[Quest
     start = 0
     while True:
       body = block.token_ids[start:start + room]
-      word_ids, mask, type_ids, offset = reader_row(ids, body, settings.seq_length,
-                                                    tokenizer.cls_id, tokenizer.sep_id)
+      word_ids, mask, type_ids, offset, _ = inputs_lib.reader_row(
+          ids, body, settings.seq_length, tokenizer.cls_id, tokenizer.sep_id)
       gold = sorted({(s - start + offset, e - start + offset) for s, e in spans
                      if s >= start and e < start + len(body)})
       windows.append(Window(i, start, offset, word_ids, mask, type_ids, gold))

@@ -733,18 +733,12 @@ def read_hits(model, records, rows) -> List[bool]:
   from realm_tf.openqa import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
   builder = model.builder
   questions = [inputs_lib.question_of(r) for r in records]
-  question_ids = builder._question_ids(  # pylint: disable=protected-access
-      builder.question_inputs([q.question for q in questions]))
-  answer_ids = builder._answer_ids(questions)  # pylint: disable=protected-access
+  question_ids = builder.question_ids(builder.question_inputs([q.question for q in questions]))
   hits = []
-  for q, q_ids, a_ids, row in zip(questions, question_ids, answer_ids, rows):
-    hit = False
-    for block in builder.block_texts([b["block_id"] for b in row["blocks"]]):
-      kept = builder.reader_row(q_ids, block)[-1]
-      spans = (inputs_lib.find_regex_spans(block, q.answers) if q.is_regex
-               else inputs_lib.find_token_spans(block.token_ids[:kept], a_ids))
-      hit = hit or any(e < kept for _, e in spans)
-    hits.append(hit)
+  for q, q_ids, a_ids, row in zip(questions, question_ids, builder.answer_ids(questions), rows):
+    blocks = builder.block_texts([b["block_id"] for b in row["blocks"]])
+    hits.append(any(builder.gold_spans(q, a_ids, block, builder.reader_row(q_ids, block)[-1])
+                    for block in blocks))
   return hits
 
 

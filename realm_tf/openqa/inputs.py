@@ -213,6 +213,19 @@ def load_questions(path: str, answer_type: str = "") -> List[Question]:
   return [question_of(r) for r in records]
 
 
+def reader_row(question_ids: np.ndarray, body_ids: np.ndarray, seq_length: int, cls_id: int,
+               sep_id: int):
+  """``[CLS] question [SEP] body [SEP]`` padded to ``seq_length``: ``(word_ids, mask,
+  type_ids, offset, kept)``, the body's type id 1, ``offset`` its first row position and
+  ``kept`` its length. The Open-QA reader's row; the caller fits the parts to the length."""
+  ids = np.concatenate([[cls_id], question_ids, [sep_id], body_ids, [sep_id]]).astype(np.int32)
+  word_ids = np.zeros([seq_length], np.int32)
+  word_ids[:len(ids)] = ids
+  mask = (np.arange(seq_length) < len(ids)).astype(np.int32)
+  type_ids = ((np.arange(seq_length) >= len(question_ids) + 2) & (mask > 0)).astype(np.int32)
+  return word_ids, mask, type_ids, len(question_ids) + 2, len(body_ids)
+
+
 class OpenQaInputBuilder:
   """Builds the fixed-shape features of a batch of questions (see the module docstring).
 
@@ -304,18 +317,25 @@ class OpenQaInputBuilder:
                for n in self.tokenizer.count_wordpieces(list(questions)))
 
   def reader_row(self, question_ids: np.ndarray, block: BlockText):
-    """One ``[CLS] q [SEP] block [SEP]`` row and the block part's offset and length."""
+    """One ``[CLS] q [SEP] block [SEP]`` row (``reader_row``) of the reader's length, the
+    question cut to fit and the block to the room left."""
     length = self.reader_seq_length
     q = question_ids[:max(0, length - 3)]
-    room = length - len(q) - 3
-    body = block.token_ids[:max(0, room)]
-    cls, sep = self.tokenizer.cls_id, self.tokenizer.sep_id
-    ids = np.concatenate([[cls], q, [sep], body, [sep]]).astype(np.int32)
-    word_ids = np.zeros([length], np.int32)
-    word_ids[:len(ids)] = ids
-    mask = (np.arange(length) < len(ids)).astype(np.int32)
-    type_ids = ((np.arange(length) >= len(q) + 2) & (mask > 0)).astype(np.int32)
-    return word_ids, mask, type_ids, len(q) + 2, len(body)
+    return reader_row(q, block.token_ids[:max(0, length - len(q) - 3)], length,
+                      self.tokenizer.cls_id, self.tokenizer.sep_id)
+
+  @staticmethod
+  def gold_spans(question: Question, answer_ids: Sequence[np.ndarray], block: BlockText,
+                 kept: int) -> List[Tuple[int, int]]:
+    """The answer's spans in ``block`` that lie whole in its first ``kept`` wordpieces (what
+    the reader reads), inclusive block positions, sorted: the fine-tuning targets.
+    ``answer_ids``: the question's answers as wordpieces (``answer_ids``); a regex question's
+    answers match the block's text."""
+    if question.is_regex:
+      spans = find_regex_spans(block, question.answers)
+    else:
+      spans = find_token_spans(block.token_ids[:kept], answer_ids)
+    return sorted(set((s, e) for s, e in spans if e < kept))
 
   def features(self, questions: Sequence[Question], query_embeddings: np.ndarray,
                question_indices: Optional[Sequence[int]] = None,
@@ -329,8 +349,8 @@ class OpenQaInputBuilder:
     ids = np.asarray(ids, np.int64)
     correct = np.array([[has_answer(self.bodies[i], q.answers, q.is_regex) for i in row]
                         for q, row in zip(questions, ids)], dtype=bool).reshape(n, self.beam)
-    answer_ids = self._answer_ids(questions)
-    question_ids = self._question_ids(question_inputs)
+    answer_ids = self.answer_ids(questions)
+    question_ids = self.question_ids(question_inputs)
     reader = {k: np.zeros([n, self.read, self.reader_seq_length], np.int32)
               for k in ("word_ids", "mask", "type_ids")}
     gold = {k: np.zeros([n, self.read, self.max_gold_spans], np.int32)
@@ -340,11 +360,7 @@ class OpenQaInputBuilder:
         word_ids, mask, type_ids, offset, kept = self.reader_row(question_ids[b], block)
         reader["word_ids"][b, r], reader["mask"][b, r], reader["type_ids"][b, r] = (
             word_ids, mask, type_ids)
-        if q.is_regex:
-          spans = find_regex_spans(block, q.answers)
-        else:
-          spans = find_token_spans(block.token_ids[:kept], answer_ids[b])
-        spans = sorted(set((s, e) for s, e in spans if e < kept))
+        spans = self.gold_spans(q, answer_ids[b], block, kept)
         self.stats["spans_dropped"] += max(0, len(spans) - self.max_gold_spans)
         for g, (s, e) in enumerate(spans[:self.max_gold_spans]):
           gold["starts"][b, r, g], gold["ends"][b, r, g] = s + offset, e + offset
@@ -364,7 +380,8 @@ class OpenQaInputBuilder:
       features.update({f"beam_block_{k[6:]}": v for k, v in packed.items()})
     return features
 
-  def _answer_ids(self, questions: Sequence[Question]) -> List[List[np.ndarray]]:
+  def answer_ids(self, questions: Sequence[Question]) -> List[List[np.ndarray]]:
+    """Each question's answers as wordpieces (none for a regex question)."""
     flat = [a for q in questions for a in (q.answers if not q.is_regex else [])]
     pieces = []
     if flat:
@@ -378,7 +395,7 @@ class OpenQaInputBuilder:
     return out
 
   @staticmethod
-  def _question_ids(question_inputs: Dict[str, np.ndarray]) -> List[np.ndarray]:
+  def question_ids(question_inputs: Dict[str, np.ndarray]) -> List[np.ndarray]:
     """The question's wordpieces (between ``[CLS]`` and ``[SEP]``) of each query row."""
     out = []
     for ids, mask in zip(question_inputs["question_word_ids"], question_inputs["question_mask"]):
