@@ -209,11 +209,12 @@ def main(argv):
   facts = _jsonl(f.facts_file)
   test = (test_fact_indices(os.path.join(os.path.dirname(f.facts_file), "qa.jsonl"),
                             f.qa_test_file) if f.qa_test_file else None)
-  z = read_sentences(f.z_sentences_dir)
-  result = {"x_is_z": count_useful(z, facts, f.eval_fraction, test_facts=test)}
   if f.x_sentences_dir:
-    result["x"] = count_useful(z, facts, f.eval_fraction, read_sentences(f.x_sentences_dir),
-                               f.x_eval_fraction, test)
+    result = compare(f.z_sentences_dir, facts, f.eval_fraction, f.x_sentences_dir,
+                     f.x_eval_fraction, test)
+  else:
+    result = {"x_is_z": count_useful(read_sentences(f.z_sentences_dir), facts,
+                                     f.eval_fraction, test_facts=test)}
   for key, name in (("x_is_z", "X = Z"), ("x", "X")):
     if key in result:
       print(json.dumps({name: {k: v for k, v in result[key].items() if k != "counts"}}))

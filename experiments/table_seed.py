@@ -48,8 +48,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRETRAIN_RUNS = {"realm": ("salient", 1), "stale": ("salient", None),
                  "random_span": ("random_span", 1), "uniform": ("uniform", 1),
                  "news": ("news", 1)}
-PLOTTED = ("realm", "stale", "news")
-NEWS_STYLE = "teaching"   # synthetic_world.generate_news's style: each fact four times   # validated every validation_every steps: the curves
+PLOTTED = ("realm", "stale", "news")  # validated every validation_every steps: the curves
+NEWS_STYLE = "teaching"   # synthetic_world.generate_news's style: each fact four times
 NEWS_ROW = "REALM, news pre-training (X != Z)"
 # Open-QA rows: label -> (retriever source, reader source); "ict"/"bert" are the warm starts.
 ROWS = {
@@ -339,8 +339,7 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
   realm = task.build_model()
   model_dir_lib.restore(model_dir_lib.latest_checkpoint(realm_dir), **realm.checkpoint_items)
   bert = task.build_model()
-  model_dir_lib.restore(model_dir_lib.latest_checkpoint(bert_dir), allow_missing=True,
-                        reader=bert.reader)
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(bert_dir), reader=bert.reader)
   builder = task.validation_builder()
   examples = task.loader(task.task_config.validation_data).read_all()
   top, ranked, _ = task.exact_candidates(realm, examples)
