@@ -267,13 +267,14 @@ def question_form(question: str) -> str:
   """A question with its names blanked: "In what year was X born?". A name is a run of
   capitalized words after the first word."""
   words = question.split()
-  out = words[:1]
+  out, in_name = words[:1], False
   for w in words[1:]:
     name = w[:1].isupper()
-    if not (name and out[-1].startswith("X")):
+    if name and in_name:  # The name goes on: keep one X, with the last word's punctuation.
+      out[-1] = "X" + w[len(w.rstrip("?.,")):]
+    else:
       out.append(("X" + w[len(w.rstrip("?.,")):]) if name else w)
-    elif w[-1:] in "?.,":
-      out[-1] = "X" + w[-1]
+    in_name = name
   return " ".join(out)
 
 

@@ -350,6 +350,8 @@ def test_analysis_on_constructed_seeds_with_known_answers():
       "- (c): questions gained/lost per seed +0/-20, +20/-0, +0/-20")
   assert tables.question_form("In which city is the Belbogor Academy based?") == (
       "In which city is the X based?")
+  # The first word is kept as it is, even when it starts with an X.
+  assert tables.question_form("Xenia Ostgorbel was born where?") == "Xenia X was born where?"
   # One seed: no interval over seeds, nothing established.
   one = tables.analysis(seeds[:1])["primary"][0]
   assert one["verdict"] == "not established" and "none (one seed)" in tables.analysis_line(one)
