@@ -9,9 +9,11 @@ readers treat a directory without a manifest as absent.
 """
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -19,6 +21,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import fn_runner
 import tensorflow as tf
 
 from realm_tf.data import manifests
@@ -177,7 +180,6 @@ def run_pipeline(build_fn, pipeline_args: Optional[Sequence[str]], name: str) ->
     # impossible offline), then falls back to the FnApiRunner for batch pipelines like ours; we
     # go to the FnApiRunner directly. Other runners (Dataflow, Flink, Spark, Prism) are used as
     # given.
-    from apache_beam.runners.portability.fn_api_runner import fn_runner
     runner = fn_runner.FnApiRunner()
   with beam.Pipeline(runner=runner, options=options) as p:
     build_fn(p)
@@ -218,7 +220,6 @@ def iter_lines_checked(path: str) -> Iterable:
 # the temporary output directory, so a retried bundle simply rewrites its shard.
 
 def _stable_hash(key) -> int:
-  import hashlib
   return int.from_bytes(hashlib.sha1(repr(key).encode("utf-8")).digest()[:8], "big")
 
 
@@ -270,7 +271,6 @@ def fill_missing_shards(directory: str, prefix: str, suffix: str = ".tfrecord") 
 
   With no shard at all, writes ``<prefix>-00000-of-00001<suffix>`` (an empty split).
   """
-  import re
   pattern = re.compile(re.escape(prefix) + r"-(\d{5})-of-(\d{5})" + re.escape(suffix) + "$")
   found = [pattern.match(f) for f in tf.io.gfile.listdir(directory)]
   found = [m for m in found if m]

@@ -46,6 +46,7 @@ from realm_tf.data import manifests
 from realm_tf.data.articles import (  # pylint: disable=unused-import
     MIN_BODY_BUDGET, article_to_blocks, articles_to_blocks, cut_long_span, pack_units,
     parse_jsonl_article)
+from realm_tf.tokenization import RealmTokenizer, load_vocab
 
 
 class CorpusInputError(manifests.DataError):
@@ -122,7 +123,6 @@ class ArticleToBlocksFn(beam.DoFn):
     self._drop_list_pages = drop_list_pages
 
   def setup(self):
-    from realm_tf.tokenization import RealmTokenizer
     self._tokenizer = RealmTokenizer(self._vocab_file, lower_case=self._lower_case)
     self._progress = beam_utils.ProgressLogger("articles read", every=2000)
 
@@ -196,7 +196,7 @@ def _fingerprint(id_uids: List[Tuple[int, str]]) -> Dict:
 
 
 def _read_tfds(p, name_split: str):
-  import tensorflow_datasets as tfds
+  import tensorflow_datasets as tfds  # inside: only tfds: inputs need it
   name, _, split = name_split.partition(":")
   split = split or "train"
   try:
@@ -251,7 +251,6 @@ def run_blocks(input_spec: str, vocab_file: str, output_dir: str, lower_case: bo
                block_seq_length: int = 288, drop_list_pages: bool = True, num_shards: int = 0,
                pipeline_args: Optional[Sequence[str]] = None) -> Dict:
   """Runs the blocks pipeline and writes ``output_dir`` atomically; returns the manifest."""
-  from realm_tf.tokenization import load_vocab
   load_vocab(vocab_file)  # Fails early, naming the file, if the vocab is missing or unusable.
   resolve_input(input_spec)  # Fails early on a missing input.
   with beam_utils.atomic_output_dir(output_dir) as tmp:

@@ -15,6 +15,7 @@ import logging
 from absl import app
 from absl import flags
 
+from realm_tf.binaries import cli
 from realm_tf.data import features
 
 
@@ -70,7 +71,6 @@ def run(main, define_flags, beam: bool = True) -> None:
     beam: leave unknown flags to Beam; without, they are errors and so are positional
       arguments.
   """
-  from realm_tf.binaries import cli  # pylint: disable=g-import-not-at-top
 
   def checked(argv):
     if not beam and len(argv) > 1:

@@ -41,6 +41,7 @@ from data_prep import pretrain_examples
 from data_prep import text as text_lib
 from realm_tf.data import features
 from realm_tf.data import manifests
+from realm_tf.tokenization import RealmTokenizer, load_vocab
 
 
 def block_sentences(title_ids: Sequence[int], sentence_ids: Sequence[Sequence[int]],
@@ -72,7 +73,6 @@ class BuildIctFn(beam.DoFn):
     self._blen, self._eval_fraction = block_seq_length, eval_fraction
 
   def setup(self):
-    from realm_tf.tokenization import RealmTokenizer
     self._tok = RealmTokenizer(*self._cfg)
     self._progress = beam_utils.ProgressLogger("ICT blocks", every=5000)
 
@@ -113,7 +113,6 @@ def run_ict_examples(blocks_dir: str, vocab_file: str, output_dir: str, lower_ca
   with the data config's seed); they stay for ``prepare_all`` and the shared flags.
   """
   del query_seq_length, seed  # Read-time settings (see above).
-  from realm_tf.tokenization import load_vocab
   vocab = load_vocab(vocab_file)
   blocks_manifest = manifests.load_blocks_manifest(blocks_dir)
   files = manifests.block_shard_files(blocks_dir, blocks_manifest)

@@ -53,6 +53,7 @@ from data_prep import masking as masking_lib
 from data_prep import text as text_lib
 from realm_tf.data import features
 from realm_tf.data import manifests
+from realm_tf.tokenization import RealmTokenizer, load_vocab
 
 MASKINGS = ("salient", "random_span", "uniform")
 
@@ -286,7 +287,6 @@ class BuildExamplesFn(beam.DoFn):
     self._source_corpus = source_corpus
 
   def setup(self):
-    from realm_tf.tokenization import RealmTokenizer
     vocab_file, lower_case, masking, qlen, max_masks, k, seed, v = self._cfg
     self._builder = ExampleBuilder(RealmTokenizer(vocab_file, lower_case), masking, qlen,
                                    max_masks, k, seed, v)
@@ -342,7 +342,6 @@ def run_pretrain_examples(sentences_dir: str, vocab_file: str, output_dir: str,
     raise ValueError(f"variants_per_sentence must be at least 1, got {variants_per_sentence}")
   if not 0.0 <= eval_fraction < 1.0:
     raise ValueError(f"eval_fraction must be in [0, 1), got {eval_fraction}")
-  from realm_tf.tokenization import load_vocab
   load_vocab(vocab_file)
   sent_manifest = manifests.load_manifest(sentences_dir)
   files = manifests.shard_files(sentences_dir, manifests.SENTENCES_PREFIX, manifests.JSONL_SUFFIX)

@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 import apache_beam as beam
+import tensorflow as tf
 
 from data_prep import beam_utils
 from data_prep import cli
@@ -80,7 +81,6 @@ class PatternsError(manifests.DataError):
 
 def load_patterns(patterns_file: str) -> List[Dict]:
   """spaCy EntityRuler patterns from a JSON-lines file; errors name the file and line."""
-  import tensorflow as tf
   if not tf.io.gfile.exists(patterns_file):
     raise FileNotFoundError(f"entity patterns file not found: {patterns_file}")
   patterns = []
@@ -120,7 +120,7 @@ class SpanAnnotator:
   def __init__(self, spacy_model: str = "auto", patterns_file: Optional[str] = None,
                labels: Sequence[str] = DEFAULT_LABELS, use_date_regex: bool = True,
                batch_size: int = 256):
-    import spacy
+    import spacy  # inside: spaCy is slow to import; only a tagger needs it
     self.batch_size = batch_size
     self.use_date_regex = use_date_regex
     candidates = AUTO_MODELS if spacy_model == "auto" else (
@@ -283,7 +283,6 @@ class WriteJsonlShards(beam.PTransform):
     self._prefix, self._num_shards, self._per_shard = prefix, num_shards, records_per_shard
 
   def expand(self, pcoll):
-    import tensorflow as tf
     fixed, per_shard, prefix = self._num_shards, self._per_shard, self._prefix
 
     def n_shards(count):

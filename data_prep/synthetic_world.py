@@ -44,6 +44,7 @@ from absl import flags
 
 from data_prep import beam_utils
 from data_prep import cli
+from realm_tf.tokenization import learn_vocab
 
 SYLLABLES = ("ka", "lo", "mer", "dri", "van", "tos", "bel", "quin", "zor", "thal", "rin", "wex",
              "pol", "dun", "mir", "sa", "ve", "gor", "lun", "tri", "bo", "ny", "phe", "ska",
@@ -409,7 +410,6 @@ def build_demo_vocab(texts, output_file: str, vocab_size: int = 3000,
 
   ``whole_words`` are appended as single wordpieces (the demo passes ``name_words``).
   """
-  from realm_tf.tokenization import learn_vocab
   vocab = learn_vocab(list(texts), output_file, vocab_size=vocab_size, lower_case=lower_case)
   # The learner keeps only frequent pieces of so small a corpus; adding the name syllables (as
   # word starts and continuations) makes every invented name a handful of wordpieces.

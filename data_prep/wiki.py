@@ -18,6 +18,7 @@ Example::
 
 import bz2
 import gzip
+import os
 import re
 from typing import Dict, Iterator, List, Optional
 import xml.etree.ElementTree as ET
@@ -47,7 +48,8 @@ class DumpFormatError(errors.RealmError, ValueError):
 
 def _open_maybe_compressed(path: str):
   if "://" in path:
-    import tensorflow as tf  # gfile reads GCS and HDFS paths too.
+    # inside: TensorFlow is slow to import; only remote paths need it (gfile reads GCS, HDFS).
+    import tensorflow as tf
     raw = tf.io.gfile.GFile(path, "rb")
   else:
     raw = open(path, "rb")
@@ -60,9 +62,8 @@ def _open_maybe_compressed(path: str):
 
 def _exists(path: str) -> bool:
   if "://" in path:
-    import tensorflow as tf
+    import tensorflow as tf  # inside: as in _open_maybe_compressed
     return tf.io.gfile.exists(path)
-  import os
   return os.path.isfile(path)
 
 

@@ -24,6 +24,7 @@ from typing import Dict, Iterable, List, Sequence
 
 import tensorflow as tf
 import tensorflow_text as tf_text
+from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
 
 from realm_tf import errors
 
@@ -145,7 +146,6 @@ def learn_vocab(texts: Iterable[str],
   The special tokens (``[PAD] [UNK] [CLS] [SEP] [MASK]``, in that order, then
   ``extra_reserved``) come first. Writes ``output_file`` and returns the vocabulary.
   """
-  from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
   texts = list(texts)
   if not texts:
     raise ValueError("learn_vocab needs at least one text")

@@ -35,6 +35,7 @@ from absl import app
 from absl import flags
 
 from realm_tf import checkpoint_convert
+from realm_tf import tokenization
 from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
@@ -59,7 +60,6 @@ flags.mark_flags_as_mutual_exclusive(["tf1_checkpoint", "hf_dir"], required=True
 
 def main(argv):
   del argv
-  from realm_tf import tokenization
   tokenization.load_vocab(FLAGS.vocab_file)  # fail early on a bad vocab
   if FLAGS.hf_dir:
     for name in ("bert_config", "block_emb_checkpoint"):

@@ -14,6 +14,7 @@ import logging
 import os
 from typing import Callable, Dict, Optional, Type
 
+import numpy as np
 import tensorflow as tf
 
 from realm_tf import configs
@@ -211,7 +212,6 @@ class MaskedExamplesLoader:
 
   def read_all(self) -> Dict:
     """Every example of the files as NumPy arrays (for host-side preprocessing)."""
-    import numpy as np  # pylint: disable=g-import-not-at-top
     dataset = tf.data.TFRecordDataset(self.files).batch(4096).map(
         lambda r: features.parse_pretrain_example(r, self.query_seq_length, self.max_masks))
     batches = list(dataset.as_numpy_iterator())

@@ -14,7 +14,7 @@ def _get_sentencizer():
   """A rule-based spaCy sentence splitter (no statistical model), built once per process."""
   global _sentencizer
   if _sentencizer is None:
-    import spacy
+    import spacy  # inside: spaCy is slow to import; only splitting text needs it
     nlp = spacy.blank("en")
     nlp.add_pipe("sentencizer")
     _sentencizer = nlp

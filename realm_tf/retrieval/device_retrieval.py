@@ -45,6 +45,7 @@ import tensorflow as tf
 from realm_tf import configs
 from realm_tf.data import block_store
 from realm_tf.data.loaders import InputError
+from realm_tf.retrieval import candidates
 
 # The host-side features of a batch in this mode (the rest are built in the step).
 HOST_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "mlm_positions", "mlm_ids",
@@ -66,7 +67,6 @@ def source_groups(store: block_store.BlockStore, groups: np.ndarray, source_bloc
   side of a batch, checked as the host path checks them (``candidates.check_sources``); -1
   for a query from another corpus than the knowledge corpus (X != Z), which bans no block.
   """
-  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   ids = np.asarray(source_block_ids, np.int64).reshape(-1)
   external = candidates.check_sources(store, ids, source_uids, source_corpora)
   return np.where(external, -1, groups[np.where(external, 0, ids)]).astype(np.int32)
@@ -76,7 +76,6 @@ def host_features(examples: Dict[str, np.ndarray], config: configs.RealmModelCon
                   store: block_store.BlockStore, groups: np.ndarray) -> Dict[str, np.ndarray]:
   """``HOST_FEATURES`` of a batch of parsed masked examples (``source_block_id``, and
   ``source_uid`` when present for the check of ``source_groups``)."""
-  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   candidates.check_query_length(examples, config)
   query_ids = examples["query_ids"].astype(np.int32)
   return dict(query_word_ids=query_ids, query_mask=examples["query_mask"].astype(np.int32),

@@ -218,6 +218,24 @@ class MipsIndex(abc.ABC):
     return manifest
 
 
+def read_manifest(directory: str) -> dict:
+  """``manifest.json`` of an index directory, or IndexFormatError."""
+  path = os.path.join(directory, MANIFEST_NAME)
+  if not os.path.isdir(directory):
+    raise errors.IndexFormatError(f"index directory not found: {directory}")
+  if not os.path.exists(path):
+    raise errors.IndexFormatError(f"{directory} holds no complete index: no {MANIFEST_NAME}")
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+  except ValueError as e:
+    raise errors.IndexFormatError(f"{path} is not valid JSON: {e}") from None
+  if manifest.get("format") != FORMAT:
+    raise errors.IndexFormatError(f"{path}: format {manifest.get('format')!r}, expected "
+                                  f"{FORMAT!r}")
+  return manifest
+
+
 def map_embeddings(directory: str, manifest: dict) -> np.ndarray:
   """``embeddings.npy`` of a saved index, memory-mapped, checked against its manifest."""
   path = os.path.join(directory, EMBEDDINGS_NAME)

@@ -3,7 +3,7 @@
 The public face of the indexes; the parts live in
 
 * ``index_base``: the ``MipsIndex`` interface (``search``, ``append``, ``delete``, ``save``),
-  the artifacts' names, ``RowTable``;
+  the artifacts' names, ``read_manifest``, ``RowTable``;
 * ``brute_force``: ``BruteForceIndex``, exact;
 * ``scann_settings``: ``ScannSettings``, ScaNN's settings by corpus size;
 * ``scann_index``: ``ScannIndex``, the only module that imports ``scann``;
@@ -38,8 +38,6 @@ used as given.
 ``upsert``/``delete``, rebalanced or rebuilt when its health says so (``scann_index``).
 """
 
-import json
-import os
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -50,7 +48,7 @@ from realm_tf.retrieval import index_tuning
 from realm_tf.retrieval import sharded_index
 from realm_tf.retrieval.brute_force import BruteForceIndex
 from realm_tf.retrieval.index_base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
-                                           MANIFEST_NAME, MipsIndex, RowTable)
+                                           MANIFEST_NAME, MipsIndex, RowTable, read_manifest)
 from realm_tf.retrieval.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
 from realm_tf.retrieval.scann_settings import ScannSettings
 from realm_tf.retrieval.sharded_index import ShardedIndex
@@ -82,24 +80,6 @@ def build_index(embeddings: np.ndarray, index_type: str = "scann",
   if index_type == "brute_force":
     return BruteForceIndex(embeddings, deleted=deleted)
   raise ValueError(f"unknown index_type {index_type!r}; use 'scann' or 'brute_force'")
-
-
-def read_manifest(directory: str) -> dict:
-  """``manifest.json`` of an index directory, or IndexFormatError."""
-  path = os.path.join(directory, MANIFEST_NAME)
-  if not os.path.isdir(directory):
-    raise errors.IndexFormatError(f"index directory not found: {directory}")
-  if not os.path.exists(path):
-    raise errors.IndexFormatError(f"{directory} holds no complete index: no {MANIFEST_NAME}")
-  try:
-    with open(path) as f:
-      manifest = json.load(f)
-  except ValueError as e:
-    raise errors.IndexFormatError(f"{path} is not valid JSON: {e}") from None
-  if manifest.get("format") != FORMAT:
-    raise errors.IndexFormatError(f"{path}: format {manifest.get('format')!r}, expected "
-                                  f"{FORMAT!r}")
-  return manifest
 
 
 def check_manifest(manifest: dict, directory: str, expected_dim: Optional[int] = None,

@@ -79,6 +79,7 @@ _UPSERT_BATCH = 256
 def _scann():
   """``(scann_ops_pybind, scann_builder)``, imported on first use (loading ScaNN takes time).
   ``scann_ops_pybind.scann_pybind.ScannNumpy`` is the searcher itself (no Python wrapper)."""
+  # inside: scann is slow to import; only building or loading a ScaNN index needs it.
   from scann.scann_ops.py import scann_builder  # pylint: disable=g-import-not-at-top
   from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
   return scann_ops_pybind, scann_builder

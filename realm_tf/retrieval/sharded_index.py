@@ -368,7 +368,6 @@ class ShardedIndex(index_base.MipsIndex):
   @classmethod
   def load(cls, directory: str, manifest: dict) -> "ShardedIndex":
     """The sharded index saved in ``directory`` (whose checked ``manifest`` is given)."""
-    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
     n, dim = int(manifest["num_blocks"]), int(manifest["dim"])
     path = os.path.join(directory, index_base.EMBEDDINGS_NAME)
     table = index_base.map_embeddings(directory, manifest)
@@ -376,7 +375,7 @@ class ShardedIndex(index_base.MipsIndex):
     shards, starts, expected = [], [], 0
     for i, entry in enumerate(entries):
       shard_dir = os.path.join(directory, SHARDS_DIR, f"{i:05d}")
-      shard_manifest = mips_index.read_manifest(shard_dir)
+      shard_manifest = index_base.read_manifest(shard_dir)
       start, rows = int(entry["start"]), int(entry["num_blocks"])
       if start != expected or int(shard_manifest["num_blocks"]) != rows:
         raise errors.IndexFormatError(

@@ -50,6 +50,7 @@ from fastapi import security
 import pydantic
 from starlette import datastructures
 from starlette import exceptions as starlette_exceptions
+import uvicorn
 
 from realm_tf import errors as project_errors
 from realm_tf.data import manifests
@@ -395,7 +396,6 @@ class BackgroundServer:
 
   def __init__(self, app: fastapi.FastAPI, host: str = "127.0.0.1", port: int = 0,
                start_seconds: float = 600.0):
-    import uvicorn  # pylint: disable=g-import-not-at-top
     self._app, self._start_seconds = app, start_seconds
     self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                                  log_level="warning"))

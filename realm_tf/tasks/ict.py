@@ -16,6 +16,7 @@ from realm_tf.data import loaders
 from realm_tf.modeling import losses
 from realm_tf.tasks import base
 from realm_tf.modeling.models import RetrieverModel
+from realm_tf.tokenization import RealmTokenizer
 
 
 def ict_logits(model: RetrieverModel, features, training: bool):
@@ -58,7 +59,6 @@ class IctTask(base.RealmBaseTask):
     cfg = self.task_config.model
     mask_id = None
     if params.query_mask_prob > 0:
-      from realm_tf.tokenization import RealmTokenizer  # pylint: disable=g-import-not-at-top
       mask_id = RealmTokenizer(self.task_config.vocab_file).mask_id
     return loaders.get_loader(params, query_seq_length=cfg.query_seq_length,
                               block_seq_length=cfg.block_seq_length,

@@ -40,6 +40,7 @@ from realm_tf.modeling import losses
 from realm_tf.tasks import base
 from realm_tf.modeling.models import ReaderModel, read_candidates
 from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.tokenization import RealmTokenizer
 
 READER_FEATURES = ("reader_word_ids", "reader_mask", "reader_type_ids", "mlm_positions",
                    "mlm_ids", "mlm_weights")
@@ -117,7 +118,6 @@ class ReaderReadTask(base.RealmBaseTask):
     return self.task_config.model, self.task_config.model.vocab_file
 
   def build_inputs(self, params: configs.ReadingDataConfig, input_context=None):
-    from realm_tf.tokenization import RealmTokenizer  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
     if len(params.input_path) != len(params.blocks_dir):
       raise configs.ConfigError(

@@ -50,7 +50,10 @@ from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.openqa import inputs as openqa_inputs
 from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import device_retrieval
+from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.handle import IndexHandle
 from realm_tf.tasks import base
 from realm_tf.tokenization import RealmTokenizer
 
@@ -133,7 +136,6 @@ class RealmPretrainTask(base.RealmBaseTask):
 
     Waits (up to ``index_wait_seconds``) for the first index when no ``handle`` is given.
     """
-    from realm_tf.retrieval.handle import IndexHandle  # pylint: disable=g-import-not-at-top
     cfg = self.task_config
     blocks_dir = cfg.train_data.blocks_dir
     manifest = manifests.load_blocks_manifest(blocks_dir)
@@ -222,7 +224,6 @@ class RealmPretrainTask(base.RealmBaseTask):
     cfg = self.task_config
     if cfg.retrieval != "device":
       return
-    from realm_tf.retrieval.handle import IndexHandle  # pylint: disable=g-import-not-at-top
     if self._device is None:
       store, groups = self._device_corpus()
       handle = IndexHandle(cfg.index_dir, expected_fingerprint=store.fingerprint,
@@ -305,8 +306,6 @@ class RealmPretrainTask(base.RealmBaseTask):
   def corpus_index(self, model: RealmPretrainer):
     """A brute-force index of the validation corpus embedded with ``model``'s block tower
     (blocks deleted by updates are never retrieved)."""
-    from realm_tf.retrieval import corpus_embedding  # pylint: disable=g-import-not-at-top
-    from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
     model_config, blocks_dir = self.task_config.model, self.validation_blocks_dir()
     builder = self.validation_builder()
     ids, emb = corpus_embedding.embed_corpus(
