@@ -69,6 +69,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
+import tqdm
 
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
@@ -114,8 +115,10 @@ def token_dtype(max_id: int) -> np.dtype:
 
 
 def manifest_key(manifest: Dict) -> str:
-  """The store's key: hex SHA1 over :data:`FORMAT` and the canonical JSON of the manifest."""
-  text = json.dumps({"format": FORMAT, "manifest": manifest}, sort_keys=True)
+  """The store's key: hex SHA1 over :data:`FORMAT` and the canonical JSON of the manifest of
+  version 0 (``corpus_updates.base_manifest``; every version of a corpus has the same key)."""
+  base = corpus_updates.base_manifest(manifest)
+  text = json.dumps({"format": FORMAT, "manifest": base}, sort_keys=True)
   return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
 
@@ -235,7 +238,7 @@ class BlockStore:
     manifest = manifests.load_blocks_manifest(blocks_dir)
     if fingerprint is not None:
       manifest = corpus_updates.manifest_at(manifest, fingerprint)
-    key = manifest_key(corpus_updates.base_manifest(manifest))
+    key = manifest_key(manifest)
     root = store_dir or default_store_root(blocks_dir)
     final = os.path.join(root, key[:20])
     rows = int(manifest["num_blocks"])
@@ -695,7 +698,7 @@ def _byte_lengths(strings) -> np.ndarray:
 def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
            progress: Optional[bool]) -> None:
   """Streams the shards of ``blocks_dir`` into a complete store in the new directory ``out``."""
-  import tqdm  # pylint: disable=g-import-not-at-top
+  base = corpus_updates.base_manifest(manifest)
   files = corpus_updates.corpus_files(blocks_dir, manifest)
   n = int(manifest["num_blocks"])
   os.makedirs(out)
@@ -741,7 +744,7 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   if not np.array_equal(block_ids[order], np.arange(n)):
     raise manifests.CorpusFormatError(f"{blocks_dir}: the block ids are not 0..{n - 1}, each once")
   uid_offsets = _permute(join("uids.arrival"), join("uids.bin"), np.uint8, uid_lengths, order)
-  _check_fingerprints(join("uids.bin"), uid_offsets, manifest, blocks_dir)
+  _check_uids(join("uids.bin"), uid_offsets, manifest, base, blocks_dir)
   os.remove(join("uids.bin"))
   _permute(join("digests.arrival"), join("uid_digests.bin"), np.uint8,
            np.full([n], DIGEST_BYTES, np.int64), order)
@@ -755,7 +758,6 @@ def _build(blocks_dir: str, manifest: Dict, key: str, out: str,
   flat = _FileArray(join("tokens.bin"), tokens.dtype)
   cls_id, sep_id = _special_ids(flat[0:int(offsets[1])], offsets[1:2], None, None)
   _first_seps(flat, offsets, sep_id).tofile(join("first_seps.bin"))
-  base = corpus_updates.base_manifest(manifest)
   meta = {"format": FORMAT, "key": key, "blocks_dir": _location(blocks_dir),
           "fingerprint": base["fingerprint"],
           "num_blocks": n, "num_tokens": int(offsets[-1]), "token_dtype": tokens.dtype.name,
@@ -802,30 +804,31 @@ def _file_sizes(meta: Dict) -> Dict[str, int]:
                            int(meta["num_title_bytes"]), 8 * (n + 1))))
 
 
-def _check_fingerprints(uids_path: str, uid_offsets: np.ndarray, manifest: Dict,
-                        where: str, first_version: int = 0) -> None:
-  """The stored uids (one after the other in ``uids_path``, rows from the first of version
-  ``first_version``) against each version's fingerprint from ``first_version`` on."""
-  done = corpus_updates.updates(manifest)
-  base = corpus_updates.base_manifest(manifest)
-  first_row = 0 if first_version == 0 else done[first_version - 1]["first_block_id"]
-  if first_version == 0:
-    n0 = int(base["num_blocks"])
-    if _fingerprint(uids_path, uid_offsets[:n0 + 1]) != base["fingerprint"]:
-      raise manifests.CorpusFormatError(f"{where}: the blocks do not match the manifest "
-                                        "fingerprint")
-  data = _FileArray(uids_path, np.uint8)
-  previous = corpus_updates.fingerprints(manifest)[max(first_version - 1, 0)]
-  for update in done[max(first_version - 1, 0):]:
-    lo, hi = update["first_block_id"] - first_row, (update["first_block_id"] - first_row +
-                                                    update["num_added"])
-    raw = data[int(uid_offsets[lo]):int(uid_offsets[hi])].tobytes()
-    cuts = uid_offsets[lo:hi + 1] - uid_offsets[lo]
-    uids = [raw[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
-    previous = corpus_updates.chain_fingerprint(previous, uids, update["deleted"])
-    if previous != update["fingerprint"]:
-      raise manifests.CorpusFormatError(f"{where}: the blocks of update {update['version']} do "
-                                        "not match its fingerprint")
+def _check_uids(uids_path: str, uid_offsets: np.ndarray, manifest: Dict, base: Dict,
+               where: str) -> None:
+  """The uids of every row (one after the other in ``uids_path``) against version 0's
+  fingerprint (``base``: its manifest), then those of the rows the updates appended against
+  theirs (``corpus_updates.check_appended``)."""
+  n0 = int(base["num_blocks"])
+  if _fingerprint(uids_path, uid_offsets[:n0 + 1]) != base["fingerprint"]:
+    raise manifests.CorpusFormatError(f"{where}: the blocks do not match the manifest "
+                                      "fingerprint")
+  corpus_updates.check_appended(manifest, _UidRows(uids_path, uid_offsets[n0:]), 1, where)
+
+
+class _UidRows:
+  """Uids stored one after the other in a file, by row: ``rows[a:b]`` reads rows
+  ``a .. b - 1`` (a list of bytes) from the file (``offsets``: row ``i``'s bytes are
+  ``offsets[i]:offsets[i + 1]``)."""
+
+  def __init__(self, path: str, offsets: np.ndarray):
+    self._data, self._offsets = _FileArray(path, np.uint8), offsets
+
+  def __getitem__(self, rows: slice) -> List[bytes]:
+    cuts = self._offsets[rows.start:rows.stop + 1]
+    raw = self._data[int(cuts[0]):int(cuts[-1])].tobytes()
+    cuts = cuts - cuts[0]
+    return [raw[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def _append_file(path: str, size: int, data: np.ndarray) -> None:
@@ -842,13 +845,11 @@ def _extend(path: str, blocks_dir: str, manifest: Dict) -> bool:
   """Appends the rows the store in ``path`` lacks, those of ``manifest``'s updates, in place;
   ``meta.json`` last. Holds the store's lock (the caller's). False when the store cannot take
   them (wider token ids than it stores, or rows that start mid-update): rebuild it."""
-  meta = _read_meta(path, manifest_key(corpus_updates.base_manifest(manifest)))
+  meta = _read_meta(path, manifest_key(manifest))
   have, want = int(meta["num_blocks"]), int(manifest["num_blocks"])
-  done = corpus_updates.updates(manifest)
-  firsts = [u["first_block_id"] for u in done]
-  if have not in firsts:
+  first_version = corpus_updates.version_appending(manifest, have)
+  if first_version is None:
     return False
-  first_version = firsts.index(have) + 1
   files = corpus_updates.update_files(blocks_dir, manifest, first_version)
   parts = [_parse(batch) for batch in tf.data.TFRecordDataset(files).batch(_BATCH)]
   parts = [{k: v.numpy() for k, v in p.items()} for p in parts]
@@ -863,11 +864,7 @@ def _extend(path: str, blocks_dir: str, manifest: Dict) -> bool:
     return False
   join = lambda name: os.path.join(path, name)
   uids = [u for p in parts for u in p["uid"]]
-  uid_lengths = _byte_lengths(uids)
-  with tempfile.NamedTemporaryFile(dir=path, prefix=".uids-", delete=True) as f:
-    f.write(b"".join(uids))
-    f.flush()
-    _check_fingerprints(f.name, _offsets(uid_lengths), manifest, blocks_dir, first_version)
+  corpus_updates.check_appended(manifest, uids, first_version, blocks_dir)
   sizes = _file_sizes(meta)
   lengths = np.concatenate([p["lengths"] for p in parts]).astype(np.int64)
   local = _offsets(lengths)

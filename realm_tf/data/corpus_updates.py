@@ -35,7 +35,7 @@ import hashlib
 import json
 import os
 import time
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -117,6 +117,34 @@ def chain_fingerprint(previous: str, added_uids: Iterable, deleted: Iterable[int
   for row in deleted:
     h.update(f"-{int(row)}\n".encode("ascii"))
   return h.hexdigest()
+
+
+def check_appended(manifest: Dict, uids, first_version: int = 1, where: str = "") -> None:
+  """Checks the blocks that versions ``first_version ..`` (from 1) appended against those
+  versions' fingerprints (:func:`chain_fingerprint`). ``uids[a:b]`` gives the uids (bytes or
+  str) of the appended rows ``a .. b - 1``, counted from the first row of version
+  ``first_version``. Raises ``CorpusFormatError`` (naming ``where``) on a mismatch."""
+  if first_version < 1:
+    raise ValueError(f"versions that append blocks start at 1, not {first_version}")
+  done = updates(manifest)[first_version - 1:]
+  if not done:
+    return
+  first_row = done[0]["first_block_id"]
+  previous = fingerprints(manifest)[first_version - 1]
+  for update in done:
+    lo = update["first_block_id"] - first_row
+    previous = chain_fingerprint(previous, uids[lo:lo + update["num_added"]], update["deleted"])
+    if previous != update["fingerprint"]:
+      raise manifests.CorpusFormatError(f"{where}: the blocks of update {update['version']} do "
+                                        "not match its fingerprint")
+
+
+def version_appending(manifest: Dict, row: int) -> Optional[int]:
+  """The version whose appended blocks start at row ``row`` (None when none does)."""
+  for v, update in enumerate(updates(manifest), 1):
+    if update["first_block_id"] == row:
+      return v
+  return None
 
 
 LOCK_NAME = ".update.lock"
