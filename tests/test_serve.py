@@ -29,6 +29,8 @@ from realm_tf.retrieval import updates
 from realm_tf.serving import app as app_lib
 from realm_tf.serving import service as service_lib
 
+import helpers
+
 TOKEN = "s3cret-token"
 
 
@@ -348,6 +350,13 @@ def test_realm_serve_reports_bad_flags_on_one_line(tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr
     assert words in lines[0], lines
 
+
+def test_realm_serve_refuses_extra_arguments(tmp_path):
+  """A stray positional argument is a usage error on one line naming it, status 2 (it once hit
+  the local ``app`` of ``main`` instead: UnboundLocalError)."""
+  proc = helpers.run_cli("realm_tf.binaries.serve", f"--model_dir={tmp_path}",
+                         f"--index_dir={tmp_path}", "stray")
+  assert proc.returncode == 2 and proc.stderr == "error: unexpected arguments: stray\n", proc.stderr
 
 def test_an_index_of_another_block_tower_is_never_swapped_in(world):
   """An index published with another block tower (``realm-refresh`` over another checkpoint)

@@ -24,11 +24,14 @@ import os
 
 from absl import app
 from absl import flags
+import uvicorn
 
 from realm_tf import configs
 from realm_tf import errors
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
+from realm_tf.serving import app as app_lib
+from realm_tf.serving import service as service_lib
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index it was fine-tuned against.")
@@ -67,9 +70,6 @@ def _token():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  import uvicorn  # pylint: disable=g-import-not-at-top
-  from realm_tf.serving import app as app_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.serving import service as service_lib  # pylint: disable=g-import-not-at-top
   token = _token()
   if not os.path.isdir(FLAGS.model_dir):
     raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
@@ -86,20 +86,21 @@ def main(argv):
           f"serving on http://{FLAGS.host}:{FLAGS.port}/", flush=True)
     return service
 
-  app = app_lib.create_app(open_service, token=token,
-                           max_question_chars=FLAGS.max_question_chars,
-                           max_body_bytes=FLAGS.max_body_bytes)
+  web_app = app_lib.create_app(open_service, token=token,
+                               max_question_chars=FLAGS.max_question_chars,
+                               max_body_bytes=FLAGS.max_body_bytes)
   # An expected error opening the service is reported on one line below, not as uvicorn's
   # start-up traceback.
   logging.getLogger("uvicorn.error").addFilter(
-      lambda record: not isinstance(getattr(app.state, "startup_error", None), errors.RealmError))
-  server = uvicorn.Server(uvicorn.Config(app, host=FLAGS.host, port=FLAGS.port,
+      lambda record: not isinstance(getattr(web_app.state, "startup_error", None),
+                                    errors.RealmError))
+  server = uvicorn.Server(uvicorn.Config(web_app, host=FLAGS.host, port=FLAGS.port,
                                          log_level="warning"))
   try:
     server.run()
   except SystemExit:  # uvicorn's exit when the start-up failed.
-    if getattr(app.state, "startup_error", None) is not None:
-      raise app.state.startup_error from None
+    if getattr(web_app.state, "startup_error", None) is not None:
+      raise web_app.state.startup_error from None
     raise
 
 
