@@ -76,6 +76,16 @@ def read_squad(path: str) -> List[Dict]:
   return articles
 
 
+def read_articles(path: str, max_articles: int = 0, max_paragraphs: int = 0) -> List[Dict]:
+  """``read_squad``'s articles, the first ``max_articles`` with their first ``max_paragraphs``
+  (0: all): the corpus and the questions of a quick run come from the same paragraphs."""
+  articles = read_squad(path)
+  if max_articles:
+    articles = articles[:max_articles]
+  if max_paragraphs:
+    articles = [dict(a, paragraphs=a["paragraphs"][:max_paragraphs]) for a in articles]
+  return articles
+
 def documents(articles: Sequence[Dict]) -> Iterator[Dict]:
   """One ``{"title", "text"}`` per paragraph (the blocks pipeline's JSON-lines input)."""
   for article in articles:

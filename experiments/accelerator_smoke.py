@@ -32,25 +32,42 @@ cannot make. Exit status: 0 healthy, 1 unhealthy (the report says why), 2 an exp
 (``error: ...``). Only ``main`` reads the flags; the functions take what they need.
 """
 
+import json
+import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Dict, List, Optional
 
 from absl import flags
+import numpy as np
+from official.core import task_factory
+import tensorflow as tf
 
+from data_prep import pipeline
+from data_prep import synthetic_world
+from experiments import recipe_flags
 from experiments import stages
+from experiments.common import Clock
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
+from realm_tf import tpu_readiness
+from realm_tf import train_lib
 from realm_tf.binaries import cli
+from realm_tf.retrieval import refresher
+from realm_tf.retrieval import testing
 
 FLAGS = flags.FLAGS
 EXPERIMENTS = ("ict_cpu", "reader_read_cpu", "realm_pretrain_cpu", "openqa_cpu")
 
 
 def define_flags() -> None:
-  """The smoke run's flags, beside experiments/stages.py's (``--output_dir``, ``--seed``,
-  ``--world_scale``, ``--refresh_every``: the checkpoint, summary and host round-trip
-  interval)."""
+  """The smoke run's flags, beside experiments/recipe_flags.py's (``--output_dir``,
+  ``--seed``, ``--world_scale``, ``--refresh_every``: the checkpoint, summary and host
+  round-trip interval)."""
   flags.DEFINE_enum("experiment", "realm_pretrain_cpu", EXPERIMENTS,
                     "The CPU-sized experiment.")
   flags.DEFINE_enum("strategy", "one_device", ["tpu", "mirrored", "one_device"],
@@ -87,15 +104,12 @@ RETRIEVED_SHARES = ("distinct_candidates", "candidates_with_answer")
 RETRIEVED_SWAP_SHARE = 0.01
 
 
-def _say(message: str) -> None:
-  print(f"[smoke {time.strftime('%H:%M:%S')}] {message}", flush=True)
+_say = Clock("smoke").say
 
 
 def make_strategy(params, name: str, tpu: str = "local"):
   """The strategy ``name`` (``tpu``, ``mirrored``, ``one_device``: see ``--strategy``; ``tpu``:
   the TPU's address); ``params.runtime`` is set to match."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
   gpus = len(tf.config.list_physical_devices("GPU"))
   runtime = params.runtime
   if name == "tpu":
@@ -110,13 +124,10 @@ def make_strategy(params, name: str, tpu: str = "local"):
 def prepare(out: str, seed: int, world_scale: float = 1.0):
   """The world of ``seed`` (``world_scale`` times the demo's) and its data_prep outputs (reused
   when ``out`` already holds them)."""
-  import json  # pylint: disable=g-import-not-at-top
   done = os.path.join(out, "prepared.json")
   if os.path.exists(done):
     with open(done) as f:
       return json.load(f)
-  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
-  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
   files = synthetic_world.write_world(stages.make_world(seed, seed, world_scale),
                                       os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
@@ -136,39 +147,34 @@ def experiment_params(data, out: str, name: str, steps: int, refresh_every: int,
   """The config of the experiment ``name``: its demo YAML, ``prepare``'s ``data``, ``steps``
   steps, a checkpoint (so an index) and a host round trip every ``refresh_every`` steps, then
   ``params_override``; ``retrieval`` and ``trainable_blocks``: see their flags."""
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
   files, dirs = data["files"], data["dirs"]
-  vocab, n = files["vocab"], stages.vocab_size(files["vocab"])
-  towers = [f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
-            f"task.model.reader.encoder.vocab_size={n}"]
+  vocab = files["vocab"]
   index_dir = os.path.join(out, "index")
-  overrides = {
-      "ict_cpu": [f"task.vocab_file={vocab}", f"task.model.encoder.vocab_size={n}",
-                  f"task.train_data.input_path={dirs['ict']}/train-*"],
-      "reader_read_cpu": towers + [f"task.train_data.input_path=[{dirs['pretrain']}/train-*]",
-                                   f"task.train_data.blocks_dir=[{dirs['blocks']}]"],
-      "realm_pretrain_cpu": towers + [
-          f"task.train_data.input_path={dirs['pretrain']}/train-*",
-          f"task.train_data.blocks_dir={dirs['blocks']}", f"task.index_dir={index_dir}",
-          f"task.retrieval={retrieval}"],
-      "openqa_cpu": towers + [
-          f"task.train_data.input_path={files['qa_train']}", f"task.index_dir={index_dir}",
-          f"task.blocks_dir={dirs['blocks']}", f"task.init_checkpoint={os.path.join(out, 'init')}",
-          f"task.trainable_blocks={trainable_blocks}"],
+  settings = {
+      "ict_cpu": {"task.vocab_file": vocab, "task.model.encoder.vocab_size": stages.vocab_size(
+          vocab), "task.train_data.input_path": f"{dirs['ict']}/train-*"},
+      "reader_read_cpu": dict(stages.towers(vocab), **{
+          "task.train_data.input_path": [f"{dirs['pretrain']}/train-*"],
+          "task.train_data.blocks_dir": [dirs["blocks"]]}),
+      "realm_pretrain_cpu": dict(stages.towers(vocab), **{
+          "task.train_data.input_path": f"{dirs['pretrain']}/train-*",
+          "task.train_data.blocks_dir": dirs["blocks"], "task.index_dir": index_dir,
+          "task.retrieval": retrieval}),
+      "openqa_cpu": dict(stages.towers(vocab), **{
+          "task.train_data.input_path": files["qa_train"], "task.index_dir": index_dir,
+          "task.blocks_dir": dirs["blocks"], "task.init_checkpoint": os.path.join(out, "init"),
+          "task.trainable_blocks": trainable_blocks}),
   }[name]
-  decay = "trainer.optimizer_config.learning_rate.polynomial.decay_steps"
-  overrides += [f"trainer.train_steps={steps}", f"{decay}={steps}"]
-  overrides += stages.intervals(refresh_every)
-  overrides += [params_override] if params_override else []
-  return configs.load_experiment(name, [os.path.join(stages.CONFIG_DIR, f"{name}__demo.yaml")],
-                                 ",".join(overrides))
+  settings.update({"trainer.train_steps": steps,
+                   "trainer.optimizer_config.learning_rate.polynomial.decay_steps": steps},
+                  **stages.intervals(refresh_every))
+  return configs.load_experiment(name, [stages.config(name)],
+                                 [stages.nested(settings), params_override])
 
 
 def frozen_start(params, out: str, data, seed: int) -> None:
   """Open-QA's starting model: random towers in ``out/init`` (and, without a trainable block
   tower, the frozen index of their block tower)."""
-  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import testing  # pylint: disable=g-import-not-at-top
   init = os.path.join(out, "init")
   trainer = testing.TinyTrainer(init, data["files"]["vocab"], config=params.task.model,
                                 seed=seed)
@@ -196,8 +202,6 @@ def start_refresher(model_dir: str, params, out: str, blocks: str):
 def checked_task(params, model_dir: str, name: str):
   """The experiment's task, its ``build_inputs`` checked by ``tpu_readiness`` for training
   (``name``: the experiment's, for the messages)."""
-  from official.core import task_factory  # pylint: disable=g-import-not-at-top
-  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
   task = task_factory.get_task(params.task, logging_dir=model_dir)
   build_inputs = task.build_inputs
   checked = []
@@ -217,7 +221,6 @@ def checked_task(params, model_dir: str, name: str):
 def device_memory(strategy):
   """``{device: peak bytes}`` of the devices that report it (TensorFlow's allocator
   statistics, ``tf.config.experimental.get_memory_info``)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   peaks = {}
   for device in strategy.extended.worker_devices:
     try:
@@ -229,8 +232,6 @@ def device_memory(strategy):
 
 def metric_spreads(model_dir: str) -> Dict[str, float]:
   """``{tag: standard deviation}`` of each scalar of the run's training summaries."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   return {tag: float(np.std([v for _, v in values])) for tag, values in
           model_dir_lib.read_summaries(model_dir, "train").items()}
 
@@ -242,8 +243,6 @@ def step_differences(eager, xla, spreads: Dict[str, float],
   ``tpu_readiness``'s tolerances; a metric beyond them and beyond ``METRIC_SPREAD_SHARE`` of its
   spread over the run (``spreads``: ``metric_spreads``). With the step's ``sizes``
   (``retrieval_sizes``), ``LOGIT_DIFFERENCES`` and ``RETRIEVED_SHARES`` get the room above."""
-  import math  # pylint: disable=g-import-not-at-top
-  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
   names = sorted(set(eager.metrics) | set(xla.metrics))
   sizes = sizes or {}
   out = tpu_readiness.differences(eager, xla, ignore_metrics=names)
@@ -270,7 +269,6 @@ def retrieval_sizes(task, model, batch) -> Dict[str, float]:
   size of its retrieval logits ``f(x, z)`` (the batch's mean of each example's largest
   ``|f(x, z)|``), and ``retrieved``, the number of retrieved blocks (``b * (k - 1)``: the
   null block is not retrieved)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   if not hasattr(model, "query_embedder"):
     return {}
   # Device retrieval makes the candidates inside train_step, from the task's loaded index.
@@ -291,9 +289,6 @@ def xla_check(params, model_dir: str, strategy):
   checkpoint, on one replica: compiled whole with XLA against uncompiled (``step_differences``:
   the loss, the weights after one ``CHECK_OPTIMIZER`` update, the metrics). Returns a report
   line and whether they agree."""
-  from official.core import task_factory  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
   if strategy.num_replicas_in_sync > 1:
     # MirroredStrategy's all_gather (ICT, device retrieval) leaves the replica for a
     # merge_call, which a replica compiled with XLA cannot hold.
@@ -331,7 +326,6 @@ def xla_check(params, model_dir: str, strategy):
 def first_index_watch(model_dir: str, index_dir: str):
   """A daemon thread noting when ``ckpt-0`` (saved before the first step) and then the first
   index appear; returns ``{"ckpt0": t, "index": t}`` as it fills."""
-  import threading  # pylint: disable=g-import-not-at-top
   seen = {}
 
   def watch():
@@ -354,8 +348,6 @@ def health(model_dir: str, loop: int, refresher=None, waited: float = 0.0):
   """The report of a finished run from its training summaries (loops of ``loop`` steps):
   its lines and the reasons it is unhealthy (none: healthy). ``refresher``: the refresher's
   ``(exit status, log path)``; ``waited``: the first loop's wait for the first index."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   scalars = model_dir_lib.read_summaries(model_dir, "train")
   rates = [rate for _, rate in scalars.get("steps_per_second", [])]
   examples = [rate for _, rate in scalars.get("examples_per_second", [])]
@@ -399,9 +391,6 @@ def health(model_dir: str, loop: int, refresher=None, waited: float = 0.0):
 
 def main(argv):
   del argv
-  from realm_tf import tpu_readiness  # pylint: disable=g-import-not-at-top
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
   model_dir = os.path.join(out, f"run-{int(time.time())}")

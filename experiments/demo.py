@@ -32,9 +32,19 @@ import pathlib
 import subprocess
 
 from absl import flags
+import tensorflow as tf
 
+from data_prep import pipeline
+from data_prep import synthetic_world
+from experiments import assets
+from experiments import recipe_flags
 from experiments import stages
+from experiments.common import Clock
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import train_lib
 from realm_tf.binaries import cli
+from realm_tf.data import manifests
+from realm_tf.modeling import factory
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("stale_ablation", True, "Also run the never-refreshed index ablation.")
@@ -56,15 +66,15 @@ ASSET_FILES = ("reader.index", "reader.data-00000-of-00001")
 
 
 # ------------------------------------------------------------------------- reader asset --
-def reader_settings() -> dict:
-  return {name: FLAGS[name].value for name in READER_SETTINGS}
+def reader_settings(seed: int, recipe: stages.Recipe) -> dict:
+  """``READER_SETTINGS``' values in a run of world ``seed`` and ``recipe``."""
+  return {name: seed if name == "seed" else getattr(recipe, name) for name in READER_SETTINGS}
 
 
-def asset_mismatch(asset_dir: str, vocab: str) -> str:
-  """Why the reader asset in ``asset_dir`` cannot stand in for this run's reader ("" when it
-  can): missing, a file whose sha256 differs from its manifest, another vocabulary, or other
-  settings."""
-  from experiments import assets  # pylint: disable=g-import-not-at-top
+def asset_mismatch(asset_dir: str, vocab: str, settings: dict) -> str:
+  """Why the reader asset in ``asset_dir`` cannot stand in for the reader of a run with
+  ``settings`` (``reader_settings``) and ``vocab`` ("" when it can): missing, a file whose
+  sha256 differs from its manifest, another vocabulary, or other settings."""
   manifest_path = os.path.join(asset_dir, "MANIFEST.json")
   if not os.path.exists(manifest_path):
     return f"no {manifest_path}"
@@ -78,7 +88,7 @@ def asset_mismatch(asset_dir: str, vocab: str) -> str:
       return f"{path}: sha256 differs from {manifest_path} (`git checkout` restores it)"
   if assets.sha256(vocab) != manifest["vocab_sha256"]:
     return f"it was built with another vocabulary than {vocab}"
-  differ = {k: (v, manifest["settings"].get(k)) for k, v in reader_settings().items()
+  differ = {k: (v, manifest["settings"].get(k)) for k, v in settings.items()
             if manifest["settings"].get(k) != v}
   if differ:
     return "it was built with other settings: " + ", ".join(
@@ -86,14 +96,12 @@ def asset_mismatch(asset_dir: str, vocab: str) -> str:
   return ""
 
 
-def write_reader_asset(reader_dir: str, vocab: str, metrics: dict, asset_dir: str) -> None:
+def write_reader_asset(reader_dir: str, vocab: str, metrics: dict, asset_dir: str,
+                       settings: dict) -> None:
   """The reader of ``reader_dir``'s newest checkpoint alone (no optimizer slots), as the
   checkpoint ``asset_dir/reader``, with ``MANIFEST.json``: each file's sha256, the vocabulary's,
-  the settings, the reader's last training logs and the commit that built it."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from experiments import assets  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
+  ``settings`` (``reader_settings``), the reader's last training logs and the commit that
+  built it."""
   source = model_dir_lib.latest_checkpoint(reader_dir)
   reader = factory.build_reader(model_dir_lib.load_config(reader_dir).reader)
   reader.build_from_length()
@@ -111,52 +119,49 @@ def write_reader_asset(reader_dir: str, vocab: str, metrics: dict, asset_dir: st
   manifest = dict(
       what="realm-demo's reader start (reading warm start + distractor fine-tuning)",
       built_by=("realm-demo --build_reader_asset " +
-                " ".join(f"--{k}={v}" for k, v in reader_settings().items())),
-      commit=commit, settings=reader_settings(), vocab_sha256=assets.sha256(vocab),
+                " ".join(f"--{k}={v}" for k, v in settings.items())),
+      commit=commit, settings=settings, vocab_sha256=assets.sha256(vocab),
       sha256={name: assets.sha256(os.path.join(asset_dir, name)) for name in ASSET_FILES},
       metrics={k: round(float(v), 4) for k, v in metrics.items()})
   with open(os.path.join(asset_dir, "MANIFEST.json"), "w") as f:
     json.dump(manifest, f, indent=1)
 
 
-def reader_start(clock, out: str, vocab: str, world_seed: int):
+def reader_start(clock, out: str, vocab: str, world_seed: int, recipe: stages.Recipe,
+                 asset_dir: str = ""):
   """The reader REALM and the baseline start from: ``(checkpoint or model dir, its metrics)``,
-  from the asset when ``--reader_start=asset`` and it fits, else trained into ``out``."""
-  if FLAGS.reader_start == "asset" and not FLAGS.build_reader_asset:
-    why = asset_mismatch(FLAGS.reader_asset_dir, vocab)
+  from the asset in ``asset_dir`` when one is given and it fits, else trained into ``out``."""
+  if asset_dir:
+    why = asset_mismatch(asset_dir, vocab, reader_settings(world_seed, recipe))
     if not why:
-      with open(os.path.join(FLAGS.reader_asset_dir, "MANIFEST.json")) as f:
+      with open(os.path.join(asset_dir, "MANIFEST.json")) as f:
         metrics = json.load(f)["metrics"]
-      clock.say(f"reader start: the asset {FLAGS.reader_asset_dir} (checksums match; "
+      clock.say(f"reader start: the asset {asset_dir} (checksums match; "
                 f"--reader_start=train trains it, ~8 min)")
-      return os.path.join(FLAGS.reader_asset_dir, "reader"), metrics
+      return os.path.join(asset_dir, "reader"), metrics
     clock.say(f"reader start: not the asset ({why}); training it")
   with clock.stage("reader start"):
-    reading = stages.prepare_reading_worlds(out, vocab, stages.reading_worlds(world_seed),
+    reading = stages.prepare_reading_worlds(out, vocab, stages.reading_worlds(world_seed, recipe),
                                             world_seed)
     corpora = stages.reading_corpora(out, reading)
-    wanted = {k: v for k, v in stages.warm_start_stages(vocab, corpora, "").items()
-              if k != "ict"}
-    done = stages.train_warm_starts(clock, out, wanted)
+    done = stages.train_warm_starts(clock, out, stages.reader_stages(recipe, vocab, corpora, out))
   reader_dir, metrics = done["reader" if "reader" in done else "reader_read"]
   return reader_dir, metrics
 
 
 # -------------------------------------------------------------------------------- demo --
-def prepare_data(out: str):
+def prepare_data(out: str, seed: int, recipe: stages.Recipe):
   """World -> vocab -> blocks, sentences, masked examples, ICT examples."""
-  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
-  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  world = stages.make_world(FLAGS.seed, FLAGS.seed, FLAGS.world_scale)
+  world = stages.make_world(seed, seed, recipe.world_scale)
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                                   patterns_file=files["patterns"], eval_fraction=0.2,
-                                  seed=FLAGS.seed, **stages.PREPARE_ARGS)
+                                  seed=seed, **stages.PREPARE_ARGS)
   return world, files, prepared
 
 
-def print_tables(rows: dict, qa_rows: dict) -> None:
+def print_tables(rows: dict, qa_rows: dict, openqa_steps: int) -> None:
   held_out = int(rows["REALM, refreshed index"]["examples"])
   print("\n" + "=" * 78)
   print(f"REALM demo on the synthetic world: {held_out} held-out masked sentences")
@@ -168,7 +173,7 @@ def print_tables(rows: dict, qa_rows: dict) -> None:
   print("=" * 78)
   num_test = int(next(iter(qa_rows.values()))["after"]["questions"])
   print(f"Open-QA on the synthetic world: {num_test} held-out test questions "
-        f"({FLAGS.openqa_steps} fine-tuning steps each)")
+        f"({openqa_steps} fine-tuning steps each)")
   print(f"{'model':38s} {'zero-shot R@5':>13s} {'EM before':>10s} {'EM after':>9s} "
         f"{'top-5 after':>11s}")
   for label, r in qa_rows.items():
@@ -185,18 +190,13 @@ def print_tables(rows: dict, qa_rows: dict) -> None:
 
 def main(argv):
   del argv
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-
-  clock = stages.Clock("demo")
+  recipe, seed = recipe_flags.recipe(), FLAGS.seed
+  clock = Clock("demo", FLAGS.progress_seconds)
   out = os.path.abspath(FLAGS.output_dir)
   tf.io.gfile.makedirs(out)
   clock.say(f"writing everything under {out}")
   with clock.stage("data"):
-    world, files, prepared = prepare_data(out)
+    world, files, prepared = prepare_data(out, seed, recipe)
   dirs, vocab = prepared["dirs"], files["vocab"]
   num_blocks = manifests.load_blocks_manifest(dirs["blocks"])["num_blocks"]
   clock.say(f"world: {len(world.articles)} articles -> {num_blocks} blocks, "
@@ -204,15 +204,17 @@ def main(argv):
             f"{prepared['pretrain']['num_eval']} held out, {prepared['ict']['num_train']} ICT "
             "blocks")
 
-  reader_dir, reader_metrics = reader_start(clock, out, vocab, FLAGS.seed)
+  use_asset = FLAGS.reader_start == "asset" and not FLAGS.build_reader_asset
+  reader_dir, reader_metrics = reader_start(clock, out, vocab, seed, recipe,
+                                            FLAGS.reader_asset_dir if use_asset else "")
   if FLAGS.build_reader_asset:
-    write_reader_asset(reader_dir, vocab, reader_metrics, FLAGS.reader_asset_dir)
+    write_reader_asset(reader_dir, vocab, reader_metrics, FLAGS.reader_asset_dir,
+                       reader_settings(seed, recipe))
     clock.say(f"reader asset written to {FLAGS.reader_asset_dir}; {clock.summary()}")
     return
   with clock.stage("ICT"):
-    ict = {k: v for k, v in stages.warm_start_stages(vocab, "", dirs["ict"]).items()
-           if k == "ict"}
-    ict_dir, ict_metrics = stages.train_warm_starts(clock, out, ict)["ict"]
+    ict_dir, ict_metrics = stages.train_warm_starts(
+        clock, out, stages.ict_stage(recipe, vocab, dirs["ict"]))["ict"]
 
   data = stages.PretrainData(dirs["pretrain"], dirs["blocks"], dirs["pretrain"])
   runs = {"refreshed": os.path.join(out, "realm")}
@@ -220,18 +222,17 @@ def main(argv):
     runs["stale"] = os.path.join(out, "realm_stale")
   jobs = []
   for name, model_dir in runs.items():
-    jobs += stages.realm_jobs(
-        model_dir, stages.realm_overrides(vocab, data, f"{model_dir}_index", ict_dir, reader_dir),
-        dirs["blocks"], once=name == "stale")
+    params = stages.realm_params(recipe, vocab, data, f"{model_dir}_index", ict_dir, reader_dir)
+    jobs += stages.realm_jobs(model_dir, params, dirs["blocks"], once=name == "stale")
   with clock.stage("REALM pre-training"):
     if jobs:
-      clock.say(f"REALM pre-training {', '.join(runs)} side by side ({FLAGS.realm_steps} "
+      clock.say(f"REALM pre-training {', '.join(runs)} side by side ({recipe.realm_steps} "
                 f"steps each; the stale run's index is built once, never refreshed); logs in "
                 f"{out}/realm*.log")
-      stages.run_side_by_side(clock, "REALM", jobs, FLAGS.parallel_runs)
+      stages.run_side_by_side(clock, "REALM", jobs, recipe.parallel_runs)
 
   with clock.stage("evaluation"):
-    params = stages.realm_eval_params(vocab, data, ict_dir, reader_dir)
+    params = stages.realm_eval_params(recipe, vocab, data, ict_dir, reader_dir)
     # The starting point, evaluated in an empty model directory: the REALM task initializes
     # from the ICT towers and the reader's start.
     start_dir = os.path.join(out, "realm_start")
@@ -249,11 +250,11 @@ def main(argv):
             "openqa_realm": "REALM (refreshed run)"}
   with clock.stage("Open-QA"):
     finetuned = stages.openqa_rows(
-        clock, out, {"openqa_orqa": ("ict", "reader"), "openqa_realm": ("realm", "realm")},
+        clock, recipe, out, {"openqa_orqa": ("ict", "reader"), "openqa_realm": ("realm", "realm")},
         {"ict": ict_dir, "reader": reader_dir, "realm": runs["refreshed"]}, files,
         dirs["blocks"])
   qa_rows = {labels[name]: r for name, r in finetuned.items()}
-  print_tables(rows, qa_rows)
+  print_tables(rows, qa_rows, recipe.openqa_steps)
   clock.say(f"{clock.summary()}; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(dict(rows=rows, openqa=qa_rows, seconds=clock.minutes() * 60, stages=clock.laps,

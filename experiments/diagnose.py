@@ -21,9 +21,12 @@ from typing import Dict, List
 
 from absl import flags
 
+from experiments import recipe_flags
 from experiments import stages
 from experiments import table_seed
 from experiments import tables  # and its flags (--validation_every, --lr_retriever, ...)
+from experiments.common import Clock
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
@@ -35,28 +38,28 @@ flags.DEFINE_bool("warm_only", False, "Only train the variants' warm starts.")
 
 # name -> (what it changes, overrides of the REALM run, warm starts replaced: {"bert"|"ict":
 # an existing warm start's name, or (a new one's name, the stage it varies, its overrides)}).
-_ICT_UNMASKED = ("ict_unmasked", "ict", ["task.train_data.query_mask_prob=0.0"])
+_ICT_UNMASKED = ("ict_unmasked", "ict", {"task.train_data.query_mask_prob": 0.0})
 VARIANTS: Dict[str, tuple] = {
     "recipe": ("the CPU recipe (demo and tables): reader fine-tuned beside distractors, ICT "
-               "with masked queries, 16 candidates, lr 3e-5, BERT's warm-up", [], {}),
+               "with masked queries, 16 candidates, lr 3e-5, BERT's warm-up", {}, {}),
     "before": ("the recipe before issue 22: the reading reader alone, ORQA's ICT, 8 "
                "candidates, lr 1e-4, 30 warm-up steps",
-               ["task.model.num_candidates=8",
-                "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate=1e-4",
-                "trainer.optimizer_config.warmup.linear.warmup_steps=30"],
+               {"task.model.num_candidates": 8,
+                "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate": 1e-4,
+                "trainer.optimizer_config.warmup.linear.warmup_steps": 30},
                {"bert": "reader_read", "ict": _ICT_UNMASKED}),
-    "no_distractors": ("the reading reader without its fine-tuning beside distractors", [],
+    "no_distractors": ("the reading reader without its fine-tuning beside distractors", {},
                        {"bert": "reader_read"}),
-    "ict_unmasked": ("ORQA's ICT: no masked span in its queries", [], {"ict": _ICT_UNMASKED}),
-    "k8": ("the paper's 8 candidates (7 retrieved)", ["task.model.num_candidates=8"], {}),
+    "ict_unmasked": ("ORQA's ICT: no masked span in its queries", {}, {"ict": _ICT_UNMASKED}),
+    "k8": ("the paper's 8 candidates (7 retrieved)", {"task.model.num_candidates": 8}, {}),
     "freeze_100": ("the retriever frozen for the first 100 steps (Atlas)",
-                   ["task.retriever_freeze_steps=100"], {}),
+                   {"task.retriever_freeze_steps": 100}, {}),
     "warmup_30": ("a 30-step warm-up instead of BERT's formula",
-                  ["trainer.optimizer_config.warmup.linear.warmup_steps=30"], {}),
+                  {"trainer.optimizer_config.warmup.linear.warmup_steps": 30}, {}),
     "dropout": ("ORQA's projection dropout 0.1 on the retriever during REALM",
-                ["task.model.retriever.projection_dropout=0.1"], {}),
+                {"task.model.retriever.projection_dropout": 0.1}, {}),
     "lr_1e-4": ("REALM's learning rate 1e-4 (the recipe's is the paper's 3e-5)",
-                ["trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate=1e-4"],
+                {"trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate": 1e-4},
                 {}),
 }
 
@@ -67,21 +70,20 @@ def variant_warm(name: str, warm: Dict[str, str]) -> Dict[str, str]:
                        for stage, r in VARIANTS[name][2].items()})
 
 
-def warm_starts(clock: stages.Clock, out: str, data: Dict, seed: int) -> Dict[str, str]:
+def warm_starts(clock: Clock, out: str, data: Dict, seed: int, recipe: stages.Recipe,
+                variants: List[str]) -> Dict[str, str]:
   """Seed ``seed``'s warm starts in ``out/seed<seed>``: the tables' (``table_seed.warm_starts``)
-  and the new ones of ``--variants`` (a stage of ``stages.warm_start_stages`` with more
-  overrides), trained with the same seed."""
+  and the new ones of ``variants`` (a stage of ``table_seed.warm_start_stages`` with more
+  settings), trained with the same seed."""
   base = os.path.join(out, f"seed{seed}")
-  warm = table_seed.warm_starts(clock, base, data, seed)
-  recipe = stages.warm_start_stages(data["files"]["vocab"], stages.reading_corpora(
-      base, data["reading"]), data["dirs"]["ict"])
+  warm = table_seed.warm_starts(clock, base, data, seed, recipe)
+  known = table_seed.warm_start_stages(recipe, data, base)
   more = {}
-  for name in FLAGS.variants:
+  for name in variants:
     for r in VARIANTS[name][2].values():
       if not isinstance(r, str):
-        new, stage, overrides = r
-        experiment, steps, lr, yaml_files, recipe_overrides = recipe[stage]
-        more[new] = (experiment, steps, lr, yaml_files, list(recipe_overrides) + overrides)
+        new, stage, settings = r
+        more[new] = known[stage]._replace(settings=dict(known[stage].settings, **settings))
   done = stages.train_warm_starts(clock, base, more, seed=seed)
   return dict(warm, **{name: model_dir for name, (model_dir, _) in done.items()})
 
@@ -90,21 +92,20 @@ def run_dir(out: str, name: str, seed: int) -> str:
   return os.path.join(out, "diagnose", f"{name}_s{seed}")
 
 
-def variant_jobs(out: str, data: Dict, warm: Dict[str, str], name: str,
-                 seed: int) -> List[stages.Job]:
+def variant_jobs(out: str, data: Dict, warm: Dict[str, str], name: str, seed: int,
+                 recipe: stages.Recipe, table: table_seed.TableSettings) -> List[stages.Job]:
   """Variant ``name``'s REALM run of seed ``seed`` beside its refresher (the tables' ``realm``
-  run, validating every ``--validation_every`` steps, dev questions included, with the
-  variant's warm starts and overrides); nothing when it is finished."""
+  run, validating every ``validation_every`` steps, dev questions included, with the
+  variant's warm starts and settings); nothing when it is finished."""
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   model_dir = run_dir(out, name, seed)
   warm = variant_warm(name, warm)
   where = stages.PretrainData(dirs["pretrain_salient"], dirs["blocks"], dirs["pretrain_salient"])
-  overrides = stages.realm_overrides(
-      vocab, where, model_dir + "_index", warm["ict"], warm["bert"],
-      validate_every=FLAGS.validation_every, seed=seed, qa_eval=data["files"]["qa_dev"])
-  overrides = ",".join([overrides, f"task.lr_retriever={FLAGS.lr_retriever}",
-                        *VARIANTS[name][1]])
-  return stages.realm_jobs(model_dir, overrides, dirs["blocks"], validate=True)
+  params = stages.realm_params(
+      recipe, vocab, where, model_dir + "_index", warm["ict"], warm["bert"],
+      validate_every=table.validation_every, seed=seed, qa_eval=data["files"]["qa_dev"],
+      more=dict({"task.lr_retriever": table.lr_retriever}, **VARIANTS[name][1]))
+  return stages.realm_jobs(model_dir, params, dirs["blocks"], validate=True)
 
 
 SHOWN = ("qa_recall@5", "recall@5", "retrieval_utility", "retrieval_entropy_ratio", "p_null",
@@ -130,6 +131,7 @@ def summarize(out: str, runs: Dict[str, Dict[int, Dict[str, List]]]) -> str:
 
 
 def plot(out: str, runs: Dict[str, Dict[int, Dict[str, List]]]) -> str:
+  # Inside: matplotlib's backend is chosen before pyplot is imported, and only for the plot.
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -156,27 +158,29 @@ def main(argv):
   del argv
   if FLAGS.list:
     for name, (what, overrides, warm) in VARIANTS.items():
-      print(f"{name:16s} {what}\n{'':16s} {' '.join(overrides) or '(no override)'} "
-            f"{warm or ''}")
+      shown = " ".join(f"{k}={v}" for k, v in overrides.items()) or "(no override)"
+      print(f"{name:16s} {what}\n{'':16s} {shown} {warm or ''}")
     return
   unknown = [v for v in FLAGS.variants if v not in VARIANTS]
   if unknown:
     raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  clock = stages.Clock("diagnose")
+  recipe = recipe_flags.recipe()
+  table = tables.table_settings()
+  clock = Clock("diagnose", FLAGS.progress_seconds)
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
   with clock.stage("data"):
-    data = table_seed.prepare(out)
+    data = table_seed.prepare(clock, out, table, recipe)
   seeds = range(FLAGS.diagnose_seeds)
   with clock.stage("warm starts"):
-    warm = {seed: warm_starts(clock, out, data, seed) for seed in seeds}
+    warm = {seed: warm_starts(clock, out, data, seed, recipe, FLAGS.variants) for seed in seeds}
   if FLAGS.warm_only:
     return
   runs = [(name, seed) for name in FLAGS.variants for seed in seeds]
-  jobs = [job for name, seed in runs for job in variant_jobs(out, data, warm[seed], name, seed)]
+  jobs = [job for name, seed in runs
+          for job in variant_jobs(out, data, warm[seed], name, seed, recipe, table)]
   if jobs:
-    clock.say(f"{', '.join(j.name for j in jobs if not j.follower)} ({FLAGS.realm_steps} "
+    clock.say(f"{', '.join(j.name for j in jobs if not j.follower)} ({recipe.realm_steps} "
               f"steps each, {FLAGS.parallel} at a time); logs in {out}/diagnose/<run>.*.log")
     with clock.stage("pre-training"):
       stages.run_side_by_side(clock, "diagnose", jobs, parallel=FLAGS.parallel)

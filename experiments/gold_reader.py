@@ -46,11 +46,30 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from absl import app
 from absl import flags
 import numpy as np
+from official.nlp import optimization
+import tensorflow as tf
+import tf_keras
+import yaml
 
+from data_prep import squad
+from experiments import assets
+from experiments.common import Clock
+from experiments.common import proportion
 from realm_tf import errors
+from realm_tf import model_dir as model_dir_lib
+from realm_tf import tokenization
+from realm_tf.data import answers as answers_lib
+from realm_tf.modeling import factory
+from realm_tf.modeling import openqa_losses
+from realm_tf.modeling import span_scorer
+from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.openqa import predict as predict_lib
 
 OPENQA_YAML = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs",
                            "openqa_cpu__real_text.yaml")
+
+
+FLAGS = flags.FLAGS
 
 
 class GoldReaderError(errors.RealmError):
@@ -100,11 +119,9 @@ class Question:
 def read_split(squad_file: str, split: str, max_articles: int = 0, max_paragraphs: int = 0
                ) -> Tuple[List[str], List[Question]]:
   """The paragraphs and questions of one split's articles (``squad.split_of`` on the display
-  title, as ``real_text.make_questions``; the first ``max_articles`` with their first
+  title, as ``text_stages.make_questions``; the first ``max_articles`` with their first
   ``max_paragraphs``, 0: all), in file order: the order of ``qa/squad-<split>.jsonl``."""
-  from data_prep import squad  # pylint: disable=g-import-not-at-top
-  from experiments import real_text  # pylint: disable=g-import-not-at-top
-  articles = real_text.read_articles(squad_file, max_articles, max_paragraphs)
+  articles = squad.read_articles(squad_file, max_articles, max_paragraphs)
   paragraphs, questions = [], []
   for article in articles:
     if squad.split_of(squad.display_title(article["title"])) != split:
@@ -155,7 +172,6 @@ def make_windows(tokenizer, paragraphs: Sequence[str], questions: Sequence[Quest
                  settings: Settings, max_span_width: int):
   """The paragraphs' ``BlockText``s, every question's windows, and counts (answers too long
   for the scorer, answers the tokenization cannot place)."""
-  from realm_tf.openqa import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
   blocks = inputs_lib.tokenize_with_offsets(tokenizer, list(paragraphs))
   q_ids = tokenizer.tokenize([q.question for q in questions]).to_list() if questions else []
   counts = collections.Counter()
@@ -245,8 +261,6 @@ def batch_of(groups: Sequence[Sequence[Window]], questions: Sequence[int],
 def question_loss(logits, correct, segment):
   """ORQA's reader loss per question, over every span of all its windows (as over its read
   blocks): ``logsumexp(all) - logsumexp(gold)``, averaged over the batch's questions."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import openqa_losses  # pylint: disable=g-import-not-at-top
   n = tf.shape(logits)[0]
   real = segment >= 0
   ids = tf.where(real, segment, n - 1)   # padding joins a segment its weight then drops
@@ -272,7 +286,6 @@ def question_loss(logits, correct, segment):
 def reader_head() -> Dict[str, int]:
   """The Open-QA reader head of ``openqa_cpu__real_text.yaml`` (``span_hidden_size``,
   ``max_span_width``), so that stage B restores what stage A trained."""
-  import yaml  # pylint: disable=g-import-not-at-top
   with open(OPENQA_YAML, encoding="utf-8") as f:
     reader = yaml.safe_load(f)["task"]["model"]["reader"]
   return {k: int(reader[k]) for k in ("span_hidden_size", "max_span_width")}
@@ -280,9 +293,6 @@ def reader_head() -> Dict[str, int]:
 
 def span_logits(reader, features, max_span_width: int, training: bool):
   """Span scores ``[b, C]`` (invalid spans at ORQA's -10000) and the spans' starts/ends."""
-  from realm_tf.modeling import openqa_losses  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import span_scorer  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   inputs = {k: features[k] for k in ("input_word_ids", "input_mask", "input_type_ids")}
   sequence = reader(inputs, training=training)["sequence_output"]
   starts, ends, valid = span_scorer.candidate_spans(inputs["input_type_ids"],
@@ -295,9 +305,6 @@ def load_reader(reader_dir: str, require_head: bool = False):
   """The model config of ``reader_dir`` with the Open-QA head, and its reader (BERT restored
   from the directory's newest checkpoint, every BERT variable required; the span scorer fresh
   unless the checkpoint has one, which ``require_head`` requires)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
   config = model_dir_lib.load_config(reader_dir)
   config = config.replace(reader=config.reader.replace(**reader_head()))
   reader = factory.build_reader(config.reader, with_span_scorer=True)
@@ -315,7 +322,6 @@ def load_reader(reader_dir: str, require_head: bool = False):
 
 def f1_score(prediction: str, answers: Sequence[str]) -> float:
   """SQuAD's token F1 (on ORQA's normalization), the best over ``answers``."""
-  from realm_tf.data import answers as answers_lib  # pylint: disable=g-import-not-at-top
   got = answers_lib.normalize_answer(prediction).split()
   best = 0.0
   for answer in answers:
@@ -339,9 +345,6 @@ def predict(reader, blocks, windows: Sequence[Window], questions: Sequence[Quest
             max_span_width: int, batch_size: int) -> List[Dict]:
   """Each question's best span over its windows: ``{"question", "prediction", "answers",
   "em", "f1", "score"}``, in question order."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import answers as answers_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import predict as predict_lib  # pylint: disable=g-import-not-at-top
 
   @tf.function
   def best(features):
@@ -376,12 +379,6 @@ def predict(reader, blocks, windows: Sequence[Window], questions: Sequence[Quest
 def train(reader_dir: str, output_dir: str, squad_file: str, settings: Settings = Settings(),
           max_articles: int = 0, max_paragraphs: int = 0, say=print) -> Dict:
   """Stage A (module docstring); returns ``done.json``'s summary."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from official.nlp import optimization  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import openqa_losses  # pylint: disable=g-import-not-at-top
 
   settings.check()
   start_time = time.time()
@@ -471,8 +468,6 @@ def score_split(reader, config, squad_file: str, split: str, settings: Settings,
   """The reader on one split's questions (those at ``indices`` of ``read_split``'s order;
   all when None), each with its own paragraph: EM and F1 with 95% intervals, the window
   counts; every prediction in ``predictions_file`` (JSON lines) when given."""
-  from experiments import real_text  # pylint: disable=g-import-not-at-top
-  from realm_tf import tokenization  # pylint: disable=g-import-not-at-top
   paragraphs, questions = read_split(squad_file, split, max_articles, max_paragraphs)
   if indices is not None:
     questions = [questions[i] for i in indices if i < len(questions)]
@@ -487,7 +482,7 @@ def score_split(reader, config, squad_file: str, split: str, settings: Settings,
       for row in rows:
         f.write(json.dumps(row, ensure_ascii=False) + "\n")
   return dict(questions=len(rows), counts=counts, rows=rows,
-              exact_match=real_text.proportion([r["em"] for r in rows]),
+              exact_match=proportion([r["em"] for r in rows]),
               f1=mean_interval([r["f1"] for r in rows]))
 
 
@@ -505,7 +500,6 @@ def evaluate(model_dir: str, squad_file: str, split: str, settings: Settings = S
 
 def define_flags() -> None:
   """The flags (defined only when run as a program; ``real_text`` has flags of its own)."""
-  from experiments import assets  # pylint: disable=g-import-not-at-top
   flags.DEFINE_string("reader_dir", None, "The reader to start from: a model directory "
                       "(realm-convert --hf_dir --targets=reader, e.g. real_text's "
                       "work/minilm_reader_model).")
@@ -520,11 +514,11 @@ def define_flags() -> None:
 
 def main(argv):
   del argv
-  f = flags.FLAGS
-  settings = Settings(**{field.name: f[field.name].value for field in dataclasses.fields(Settings)})
-  os.makedirs(f.output_dir, exist_ok=True)
-  train(f.reader_dir, f.output_dir, f.squad_file, settings, f.max_articles,
-        say=lambda m: print(f"[gold_reader {time.strftime('%H:%M:%S')}] {m}", flush=True))
+  settings = Settings(**{field.name: FLAGS[field.name].value
+                         for field in dataclasses.fields(Settings)})
+  os.makedirs(FLAGS.output_dir, exist_ok=True)
+  train(FLAGS.reader_dir, FLAGS.output_dir, FLAGS.squad_file, settings, FLAGS.max_articles,
+        say=Clock("gold_reader").say)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ Recall@k: the share of test questions for which one of the top k blocks holds an
 ORQA's ``HasAnswer`` on the block body (``realm_tf.openqa.inputs.has_answer``: the test of
 ``realm-eval``'s ``top_k_match``), so the numbers compare with ours.
 
-Stages, each skipped when its output exists (delete a stage's directory to redo it), each
-printing one line with the time it took:
+Stages, each skipped when its output exists (delete a stage's directory to redo it):
 
 1. ``corpus/``: the SQuAD paragraphs as JSON lines, with the dump through ``data_prep.blocks``
    into ``blocks/``; then salient spans (``data_prep.salient_spans``, spaCy) into
@@ -45,790 +44,55 @@ printing one line with the time it took:
 7. ``results/real_text_retrieval.{md,csv}`` (one row per retriever, 95% Wilson intervals over
    the questions) and ``results/real_text_openqa.{md,csv}``.
 
-The trained stages' sizes are ``Budget``'s (flags ``--ict_*``, ``--openqa_*``, ...): ORQA's
-recipe cut to fit about 100 minutes on 2 cores (experiments/NOTES.md section 18). REALM
-pre-training is not run on this corpus.
+The stages live in ``experiments/text_stages.py`` (and the shared ``experiments/stages.py``:
+training, configs, the frozen index); this driver reads the flags, runs the stages in order and
+writes the tables. The trained stages' sizes are ``text_stages.Budget``'s (flags ``--ict_*``,
+``--openqa_*``, ...): ORQA's recipe cut to fit about 100 minutes on 2 cores
+(experiments/NOTES.md section 18). REALM pre-training is not run on this corpus.
 """
 
 import csv
 import dataclasses
-import json
 import os
-import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from absl import flags
 import numpy as np
 
 from experiments import assets
-from realm_tf import errors
+from experiments import text_stages as ts
+from experiments.common import Clock
+from experiments.common import interval_text
+from experiments.common import proportion
+from experiments.common import read_json
+from experiments.common import write_json
 from realm_tf.binaries import cli
+from realm_tf.data import manifests
 
 FLAGS = flags.FLAGS
 
-TOP_K = (1, 5, 20)
+# Names the tests and callers use, from the stages.
+Budget, RealTextError, TOP_K = ts.Budget, ts.RealTextError, ts.TOP_K
 BM25 = "BM25"
 MINILM = "MiniLM (untrained REALM tower)"
 MINILM_MEAN = "MiniLM (mean-pooled, as trained)"
 MINILM_ICT = "MiniLM + ICT (REALM tower)"
 RESULTS_NAME = "real_text_retrieval"
 OPENQA_NAME = "real_text_openqa"
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 CSV_FIELDS = ("retriever", "recall@1", "recall@1_lo", "recall@1_hi", "recall@5", "recall@5_lo",
               "recall@5_hi", "recall@20", "recall@20_lo", "recall@20_hi", "test_questions",
               "blocks", "seconds")
 
 
-class RealTextError(errors.RealmError):
-  """An input of the real-text experiment is missing or unusable; the message names it."""
 
-
-def _say(message: str) -> None:
-  print(f"[real_text {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _read_json(path: str) -> Dict:
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
-
-
-def _write_json(path: str, obj) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-
-
-def stage(name: str, done_file: str, fn: Callable[[], Dict]) -> Dict:
-  """Runs ``fn`` unless ``done_file`` exists; returns its summary (``seconds`` included) and
-  prints one line: the stage, what it made, the time it took (or that it was skipped)."""
-  if os.path.exists(done_file):
-    summary = _read_json(done_file)
-    _say(f"{name}: skipped, {done_file} exists ({summary.get('seconds', 0.0):.1f} s when made)")
-    return summary
-  _say(f"{name}: running")
-  start = time.time()
-  summary = dict(fn())
-  summary["seconds"] = round(time.time() - start, 1)
-  os.makedirs(os.path.dirname(done_file), exist_ok=True)
-  _write_json(done_file, summary)
-  shown = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
-  _say(f"{name}: done in {summary['seconds']:.1f} s {shown}")
-  return summary
-
-
-# ---------------------------------------------------------------------------------- corpus --
-
-def slice_dump(path: str, max_pages: int, out_path: str) -> str:
-  """The first ``max_pages`` pages of a MediaWiki XML dump as a small dump of its own.
-
-  Cuts the XML text after the ``max_pages``-th ``</page>`` and closes the root element, so the
-  pipeline reads real pages, header included, without the rest of the dump.
-  """
-  from data_prep import wiki  # pylint: disable=g-import-not-at-top
-  kept, count = [], 0
-  with wiki._open_maybe_compressed(path) as f:  # pylint: disable=protected-access
-    for raw in f:
-      line = raw.decode("utf-8")
-      kept.append(line)
-      if "</page>" in line:
-        count += 1
-        if count >= max_pages:
-          break
-  if count < max_pages:
-    return path  # The dump is no longer than that.
-  with open(out_path, "w", encoding="utf-8") as f:
-    f.write("".join(kept) + "</mediawiki>\n")
-  return out_path
-
-
-def read_articles(squad_file: str, max_articles: int = 0, max_paragraphs: int = 0
-                  ) -> List[Dict]:
-  """SQuAD's articles, the first ``max_articles`` with their first ``max_paragraphs`` (0: all):
-  the corpus and the questions of a quick run come from the same paragraphs."""
-  from data_prep import squad  # pylint: disable=g-import-not-at-top
-  articles = squad.read_squad(squad_file)
-  if max_articles:
-    articles = articles[:max_articles]
-  if max_paragraphs:
-    articles = [dict(a, paragraphs=a["paragraphs"][:max_paragraphs]) for a in articles]
-  return articles
-
-
-def make_corpus(work: str, squad_file: str, wiki_dump: str, vocab_file: str,
-                block_seq_length: int, max_articles: int, max_paragraphs: int,
-                max_pages: int) -> Dict:
-  """SQuAD paragraphs (+ the dump) -> ``work/blocks`` through ``data_prep.blocks``."""
-  from data_prep import blocks as blocks_lib  # pylint: disable=g-import-not-at-top
-  from data_prep import squad  # pylint: disable=g-import-not-at-top
-  corpus_dir = os.path.join(work, "corpus")
-  os.makedirs(corpus_dir, exist_ok=True)
-  articles = read_articles(squad_file, max_articles, max_paragraphs)
-  documents = list(squad.documents(articles))
-  squad_jsonl = os.path.join(corpus_dir, "squad_paragraphs.jsonl")
-  with open(squad_jsonl, "w", encoding="utf-8") as f:
-    for doc in documents:
-      f.write(json.dumps(doc, ensure_ascii=False) + "\n")
-  inputs = [squad_jsonl]
-  if wiki_dump:
-    if not os.path.exists(wiki_dump):
-      raise RealTextError(f"dump not found: {wiki_dump} (pass --wiki_dump='' to leave it out)")
-    inputs.append(slice_dump(wiki_dump, max_pages, os.path.join(corpus_dir, "dump_slice.xml"))
-                  if max_pages else wiki_dump)
-  manifest = blocks_lib.run_blocks(",".join(inputs), vocab_file, os.path.join(work, "blocks"),
-                                   block_seq_length=block_seq_length)
-  return {"squad_articles": len(articles), "squad_paragraphs": len(documents),
-          "inputs": inputs, "blocks": manifest["num_blocks"],
-          "documents": manifest["num_documents"], "counts": manifest["counts"]}
-
-
-def annotate(work: str) -> Dict:
-  """Salient spans of every block sentence (spaCy NER + the date regex) -> ``sentences/``."""
-  from data_prep import salient_spans  # pylint: disable=g-import-not-at-top
-  manifest = salient_spans.run_annotate(os.path.join(work, "blocks"),
-                                        os.path.join(work, "sentences"))
-  return {k: manifest[k] for k in ("num_sentences", "num_sentences_with_spans", "num_spans",
-                                   "annotator", "labels")}
-
-
-# ------------------------------------------------------------------------------- questions --
-
-def make_questions(work: str, squad_file: str, max_articles: int, max_paragraphs: int,
-                   fractions: Sequence[float]) -> Dict:
-  """SQuAD questions -> ``qa/squad-{train,dev,test}.jsonl``, split by article."""
-  from data_prep import open_qa  # pylint: disable=g-import-not-at-top
-  from data_prep import squad  # pylint: disable=g-import-not-at-top
-  articles = read_articles(squad_file, max_articles, max_paragraphs)
-  splits = {name: [] for name in squad.SPLITS}
-  titles = {name: [] for name in squad.SPLITS}
-  for title, record in squad.questions(articles):
-    name = squad.split_of(title, fractions)
-    splits[name].append(record.to_json())
-    if title not in titles[name]:
-      titles[name].append(title)
-  qa_dir = os.path.join(work, "qa")
-  os.makedirs(qa_dir, exist_ok=True)
-  counts = {name: open_qa.write_jsonl(os.path.join(qa_dir, f"squad-{name}.jsonl"), records)
-            for name, records in splits.items()}
-  if not counts["test"]:
-    raise RealTextError(f"no test question: the {len(articles)} articles all hash into "
-                        f"{[n for n, c in counts.items() if c]}; use more --max_articles")
-  return {"questions": counts, "articles": titles, "fractions": list(fractions),
-          "rule": "md5(display title) -> [0, 1) -> train | dev | test by the fractions"}
-
-
-def test_questions(work: str, max_questions: int):
-  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
-  records, _ = qa.read_qa(os.path.join(work, "qa", "squad-test.jsonl"))
-  return records[:max_questions] if max_questions else records
-
-
-# ------------------------------------------------------------------------------- retrieval --
-
-def first_hits(top_ids: np.ndarray, bodies: Sequence[str], records) -> np.ndarray:
-  """Per question, the rank of the first top block whose body holds an answer
-  (``has_answer``), or the number of top blocks when none does."""
-  from realm_tf.openqa import inputs  # pylint: disable=g-import-not-at-top
-  hits = np.array([[inputs.has_answer(bodies[b], r.answers, r.answer_type == "regex")
-                    for b in row] for row, r in zip(top_ids, records)], bool)
-  return np.where(hits.any(1), hits.argmax(1), hits.shape[1])
-
-
-def recall_at(top_ids: np.ndarray, bodies: Sequence[str], records, ks=TOP_K) -> Dict[str, float]:
-  """``recall@k``: the share of questions with an answer (``has_answer``) in a top-k body."""
-  first = first_hits(top_ids, bodies, records)
-  return {f"recall@{k}": float(np.mean(first < k)) for k in ks}
-
-
-def bm25_tokens(texts: Sequence[str]) -> List[List[str]]:
-  """``bm25s``'s word tokens (lower-cased, English stop words out, no stemming)."""
-  import bm25s  # pylint: disable=g-import-not-at-top
-  return bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
-
-
-def bm25_search(documents: Sequence[str], queries: Sequence[str], k: int
-                ) -> Tuple[np.ndarray, np.ndarray]:
-  """Top ``k`` documents of each query by BM25 (``bm25s``, Lucene's variant, k1 1.5, b 0.75):
-  ``(ids int64 [q, k], scores float32 [q, k])``, best first; ids index ``documents``."""
-  import bm25s  # pylint: disable=g-import-not-at-top
-  retriever = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
-  retriever.index(bm25_tokens(documents), show_progress=False)
-  ids, scores = retriever.retrieve(bm25_tokens(queries), k=min(k, len(documents)),
-                                   show_progress=False)
-  return np.asarray(ids, np.int64), np.asarray(scores, np.float32)
-
-
-def run_bm25(work: str, max_questions: int) -> Dict:
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-  blocks = manifests.read_blocks(os.path.join(work, "blocks"))
-  records = test_questions(work, max_questions)
-  ids, scores = bm25_search([f"{b['title']}\n{b['body']}" for b in blocks],
-                            [r.question for r in records], max(TOP_K))
-  block_ids = np.array([b["block_id"] for b in blocks])[ids]
-  result = recall_at(block_ids, [b["body"] for b in blocks], records)
-  out_dir = os.path.join(work, "bm25")
-  os.makedirs(out_dir, exist_ok=True)
-  np.save(os.path.join(out_dir, "top_ids.npy"), block_ids)
-  np.save(os.path.join(out_dir, "top_scores.npy"), scores)
-  return dict(result, test_questions=len(records), blocks=len(blocks))
-
-
-def convert_minilm(minilm_dir: str, vocab_file: str, out: str, seed: int) -> Dict:
-  """``realm-convert --hf_dir`` of the MiniLM weights; the projection seeded by ``seed``."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from realm_tf import checkpoint_convert  # pylint: disable=g-import-not-at-top
-  for name in ("config.json", "model.safetensors"):
-    if not os.path.exists(os.path.join(minilm_dir, name)):
-      raise RealTextError(f"{minilm_dir} has no {name}: fetch the MiniLM weights with "
-                          "`python -m experiments.assets` (or pass --minilm_dir)")
-  tf_keras.utils.set_random_seed(seed)
-  path = checkpoint_convert.convert_hf(minilm_dir, out, vocab_file, targets=["retriever"])
-  return {"checkpoint": path, "seed": seed}
-
-
-class TowerPass:
-  """The converted retriever's encoder run once per batch, giving both of its embeddings:
-  REALM's tower (``LayerNorm(Dense_128(pooled))``, exactly the embedder's own inference) and
-  the encoder's masked mean, L2-normalized (sentence-transformers' pooling for MiniLM)."""
-
-  def __init__(self, model_dir: str):
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    import realm_tf  # pylint: disable=g-import-not-at-top
-    self.embedder = realm_tf.Embedder.load(model_dir)
-    tower = self.embedder.query_embedder
-
-    spec = tf.TensorSpec([None, None], tf.int32)
-
-    # One trace for every batch shape: the batches are padded to their own longest row.
-    @tf.function(input_signature=[{"input_word_ids": spec, "input_mask": spec,
-                                   "input_type_ids": spec}])
-    def run(inputs):
-      outputs = tower.encoder(inputs, training=False)
-      realm = tower.layer_norm(tower.projection(outputs["pooled_output"]))
-      mask = tf.cast(inputs["input_mask"], tf.float32)[:, :, None]
-      mean = tf.reduce_sum(outputs["sequence_output"] * mask, 1) / tf.maximum(
-          tf.reduce_sum(mask, 1), 1.0)
-      return realm, tf.math.l2_normalize(mean, axis=-1)
-
-    self._run = run
-
-  def __call__(self, inputs) -> Tuple[np.ndarray, np.ndarray]:
-    realm, mean = self._run(inputs)
-    return realm.numpy(), mean.numpy()
-
-
-def embed_token_ids(tower: TowerPass, token_ids: Sequence[Sequence[int]], seq_length: int,
-                    batch_size: int, type_ids: bool = True,
-                    progress: Optional[Callable[[int], None]] = None
-                    ) -> Tuple[np.ndarray, np.ndarray]:
-  """Both embeddings of packed ``[CLS] ... [SEP] ...`` rows, in their order.
-
-  Rows are batched by length and each batch is padded only to its longest row (at most
-  ``seq_length``; a longer row is cut with a final ``[SEP]``): masked padding changes nothing,
-  and most blocks are much shorter than 288.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import features  # pylint: disable=g-import-not-at-top
-  sep_id = tower.embedder.tokenizer.sep_id
-  order = np.argsort([len(t) for t in token_ids], kind="stable")
-  realm = np.zeros([len(token_ids), tower.embedder.config.retriever.projection_size], np.float32)
-  mean = None
-  for start in range(0, len(order), batch_size):
-    rows = order[start:start + batch_size]
-    batch = [token_ids[i] for i in rows]
-    width = min(seq_length, max(len(t) for t in batch))
-    inputs = features.pack_block_ids(tf.ragged.constant(batch, tf.int32), width, sep_id,
-                                     segment_ids=type_ids)
-    r, m = tower(inputs)
-    if mean is None:
-      mean = np.zeros([len(token_ids), m.shape[1]], np.float32)
-    realm[rows], mean[rows] = r, m
-    if progress:
-      progress(start + len(rows))
-  return realm, mean
-
-
-def top_k(queries: np.ndarray, embeddings: np.ndarray, k: int) -> np.ndarray:
-  """Exact maximum inner product search (``BruteForceIndex``): ids ``[q, k]``, best first."""
-  from realm_tf.retrieval import brute_force  # pylint: disable=g-import-not-at-top
-  ids, _ = brute_force.BruteForceIndex(embeddings).search(queries, min(k, len(embeddings)))
-  return ids
-
-
-def run_minilm(work: str, max_questions: int, batch_size: int) -> Dict:
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-  blocks = manifests.read_blocks(os.path.join(work, "blocks"))
-  records = test_questions(work, max_questions)
-  tower = TowerPass(os.path.join(work, "minilm_model"))
-  config = tower.embedder.config.retriever
-  tokenizer = tower.embedder.tokenizer
-  every = max(1, len(blocks) // 10)
-  started = time.time()
-
-  def progress(done):
-    if done % every < batch_size or done == len(blocks):
-      _say(f"  embedded {done}/{len(blocks)} blocks ({time.time() - started:.0f} s)")
-
-  block_realm, block_mean = embed_token_ids(tower, [b["token_ids"] for b in blocks],
-                                            config.block_seq_length, batch_size,
-                                            progress=progress)
-  q_realm, q_mean = embed_token_ids(tower, question_rows(tokenizer, records,
-                                                        config.query_seq_length),
-                                    config.query_seq_length, batch_size, type_ids=False)
-  bodies = [b["body"] for b in blocks]
-  ids = np.array([b["block_id"] for b in blocks])
-  out_dir = os.path.join(work, "minilm")
-  os.makedirs(out_dir, exist_ok=True)
-  summary = {"test_questions": len(records), "blocks": len(blocks)}
-  for name, q, e in (("realm", q_realm, block_realm), ("mean", q_mean, block_mean)):
-    top = ids[top_k(q, e, max(TOP_K))]
-    np.save(os.path.join(out_dir, f"{name}_top_ids.npy"), top)
-    summary[name] = recall_at(top, bodies, records)
-  np.save(os.path.join(out_dir, "block_emb.npy"), block_realm)
-  np.save(os.path.join(out_dir, "question_emb.npy"), q_realm)
-  return summary
-
-
-# --------------------------------------------------------------------------------- budget --
-
-@dataclasses.dataclass(frozen=True)
-class Budget:
-  """The sizes of the trained stages (flags of the same names), ORQA's recipe cut to fit.
-
-  ORQA's ICT: BERT-base towers, batch 4096, queries of 64 and blocks of 288 wordpieces, lr 1e-4,
-  100k steps. ORQA's Open-QA: batch 1, retriever beam 5000, reader beam 5, reader input 320,
-  lr 1e-5, 100k steps, the checkpoint by dev exact match. Here (defaults, chosen from measured
-  per-step times on 2 CPU cores; experiments/NOTES.md section 18): MiniLM-L6 towers and reader,
-  and what is cut is what the flags say.
-
-  Measured (a few steps each, 2 cores shared with another CPU-bound run, so the wall times
-  there were 2-4x an idle machine's): an ICT step of these defaults 7.3 CPU-seconds (batch 32,
-  blocks 128, queries 64), an Open-QA step 6.0 CPU-seconds (batch 4, beam 5, reader 192),
-  i.e. ~4.4 and ~3.6 s of wall time on 2 idle cores (CPU seconds / 2, plus 20% for what does
-  not parallelize). The plan and its totals: experiments/NOTES.md section 18.
-  """
-  ict_steps: int = 250
-  ict_batch_size: int = 32
-  ict_query_seq_length: int = 64
-  ict_block_seq_length: int = 128
-  ict_learning_rate: float = 1e-4
-  gold_learning_rate: float = 3e-4
-  gold_epochs: float = 2.0
-  gold_batch_size: int = 16
-  openqa_steps: int = 300
-  openqa_batch_size: int = 4
-  openqa_learning_rate: float = 5e-5
-  reader_seq_length: int = 192
-  reader_beam_size: int = 5
-  retriever_beam_size: int = 100
-  openqa_validations: int = 2
-  openqa_dev_questions: int = 200
-  openqa_test_questions: int = 500
-  eval_batch_size: int = 16
-
-  def check(self) -> None:
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if value <= 0:
-        raise RealTextError(f"--{field.name}={value}: must be positive")
-    if self.reader_beam_size > self.retriever_beam_size:
-      raise RealTextError(f"--reader_beam_size={self.reader_beam_size} is above "
-                          f"--retriever_beam_size={self.retriever_beam_size}")
-    if self.openqa_validations > self.openqa_steps:
-      raise RealTextError(f"--openqa_validations={self.openqa_validations} is above "
-                          f"--openqa_steps={self.openqa_steps}")
-
-
-# ------------------------------------------------------------------------------ intervals --
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
-  """The 95% Wilson score interval of a binomial proportion ``successes / n`` (over
-  questions): it always holds the point estimate and stays inside [0, 1]."""
-  if n <= 0:
-    raise RealTextError("an interval over no question")
-  p = successes / n
-  denominator = 1 + z * z / n
-  centre = (p + z * z / (2 * n)) / denominator
-  half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-  return float(max(0.0, centre - half)), float(min(1.0, centre + half))
-
-
-def proportion(flags_: Sequence[bool]) -> Dict[str, float]:
-  """``{"value", "lo", "hi"}``: the share of true and its 95% Wilson interval."""
-  n, k = len(flags_), int(np.sum(flags_))
-  lo, hi = wilson_interval(k, n)
-  return {"value": k / n, "lo": lo, "hi": hi}
-
-
-# -------------------------------------------------------------------------------- ICT --
-
-def encoder_yaml(work: str, kind: str) -> str:
-  """A YAML (JSON is YAML) giving the converted MiniLM's encoder shape to the ICT task's towers
-  (``kind="ict"``) or to the Open-QA task's retriever and reader (``"openqa"``); its path."""
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  encoder = model_dir_lib.load_config(os.path.join(work, "minilm_model")).retriever.encoder
-  encoder = encoder.as_dict()
-  model = ({"encoder": encoder} if kind == "ict"
-           else {"retriever": {"encoder": encoder}, "reader": {"encoder": encoder}})
-  path = os.path.join(work, f"minilm_encoder_{kind}.yaml")
-  _write_json(path, {"task": {"model": model}})
-  return path
-
-
-def make_ict_examples(work: str, vocab_file: str, block_seq_length: int) -> Dict:
-  """The corpus's own blocks -> ICT examples (``data_prep.ict_examples``) in ``ict_examples/``;
-  every block trains (no held-out ICT split: the test is on the questions)."""
-  from data_prep import ict_examples  # pylint: disable=g-import-not-at-top
-  manifest = ict_examples.run_ict_examples(
-      os.path.join(work, "blocks"), vocab_file, os.path.join(work, "ict_examples"),
-      block_seq_length=block_seq_length, eval_fraction=0.0)
-  return {k: manifest[k] for k in ("num_train", "num_sentences", "remove_prob")}
-
-
-def train_lengths(steps: int, validations: int = 1) -> List[str]:
-  """The trainer's intervals: a checkpoint (and validation) every ``steps // validations``
-  steps, host round trips and summaries every ``min(20, that)``."""
-  every = max(1, steps // validations)
-  loop = min(20, every)
-  return [f"trainer.train_steps={steps}", f"trainer.checkpoint_interval={every}",
-          f"trainer.validation_interval={every}", f"trainer.steps_per_loop={loop}",
-          f"trainer.summary_interval={loop}"]
-
-
-def ict_params(work: str, vocab_file: str, budget: Budget, seed: int,
-               extra: Sequence[str] = ()):
-  """The ICT experiment (``realm-train --experiment=ict_cpu``) from the converted MiniLM
-  (``task.init_checkpoint``): both towers the one MiniLM, its projection the untrained row's,
-  on ``ict_examples/``, at ``budget``'s sizes; ``extra``: more overrides, last."""
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  overrides = [
-      f"task.vocab_file={vocab_file}",
-      f"task.init_checkpoint={os.path.join(work, 'minilm_model')}",
-      f"task.train_data.input_path={os.path.join(work, 'ict_examples', 'train-*')}",
-      f"task.train_data.global_batch_size={budget.ict_batch_size}",
-      f"task.train_data.seed={seed}",
-      f"task.model.query_seq_length={budget.ict_query_seq_length}",
-      f"task.model.block_seq_length={budget.ict_block_seq_length}",
-      "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate="
-      f"{budget.ict_learning_rate}"] + train_lengths(budget.ict_steps) + list(extra)
-  return configs.load_experiment(
-      "ict_cpu", [os.path.join(CONFIG_DIR, "ict_cpu__real_text.yaml"), encoder_yaml(work, "ict")],
-      ",".join(overrides))
-
-
-def train_ict(work: str, vocab_file: str, budget: Budget, seed: int) -> Dict:
-  """ICT (``ict_params``: the ICT task and trainer of ``realm-train``, in this process) into
-  ``ict_model/``."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  model_dir = os.path.join(work, "ict_model")
-  params = ict_params(work, vocab_file, budget, seed)
-  tf_keras.utils.set_random_seed(seed)
-  start = time.time()
-  logs = train_lib.run_experiment(params, model_dir, mode="train")
-  seconds = time.time() - start
-  return {"model_dir": model_dir, "steps": budget.ict_steps,
-          "checkpoint": model_dir_lib.latest_checkpoint(model_dir),
-          "seconds_per_step": round(seconds / budget.ict_steps, 3),
-          "last_logs": {k: round(float(v), 4) for k, v in logs.items()}}
-
-
-def question_rows(tokenizer, records, length: int) -> List[List[int]]:
-  """``[CLS] question [SEP]`` wordpiece ids of each record, cut to ``length``."""
-  ids = tokenizer.tokenize([r.question for r in records]).to_list()
-  return [[tokenizer.cls_id] + q[:length - 2] + [tokenizer.sep_id] for q in ids]
-
-
-def run_ict_retrieval(work: str, max_questions: int, batch_size: int,
-                      block_seq_length: int) -> Dict:
-  """The ICT-trained tower's recall, as the untrained row's (the same blocks at their full
-  ``block_seq_length``, the same questions at the converted model's query length, exact
-  search); then its frozen index for Open-QA (``ict_index/``, brute force, from the same
-  embeddings through the refresher's build: ``realm-index build``'s path)."""
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
-  blocks_dir = os.path.join(work, "blocks")
-  blocks = manifests.read_blocks(blocks_dir)
-  records = test_questions(work, max_questions)
-  model_dir = os.path.join(work, "ict_model")
-  tower = TowerPass(model_dir)
-  query_length = model_dir_lib.load_config(
-      os.path.join(work, "minilm_model")).retriever.query_seq_length
-  started = time.time()
-  block_emb, _ = embed_token_ids(tower, [b["token_ids"] for b in blocks], block_seq_length,
-                                 batch_size)
-  embed_seconds = time.time() - started
-  q_emb, _ = embed_token_ids(tower, question_rows(tower.embedder.tokenizer, records,
-                                                  query_length), query_length, batch_size,
-                             type_ids=False)
-  ids = np.array([b["block_id"] for b in blocks])
-  if sorted(ids.tolist()) != list(range(len(blocks))):
-    raise RealTextError(f"{blocks_dir}: block ids are not 0..{len(blocks) - 1}")
-  top = ids[top_k(q_emb, block_emb, max(TOP_K))]
-  out_dir = os.path.join(work, "ict")
-  os.makedirs(out_dir, exist_ok=True)
-  np.save(os.path.join(out_dir, "top_ids.npy"), top)
-  np.save(os.path.join(out_dir, "question_emb.npy"), q_emb)
-  by_id = np.zeros_like(block_emb)
-  by_id[ids] = block_emb
-  index_path = refresher.build_index_for_checkpoint(
-      None, model_dir, blocks_dir, os.path.join(work, "ict_index"),
-      options=refresher.BuildOptions(index_type="brute_force", recall_queries=0,
-                                     progress=False), embeddings=by_id)
-  result = recall_at(top, [b["body"] for b in blocks], records)
-  return dict(result, test_questions=len(records), blocks=len(blocks), index=index_path,
-              embed_seconds=round(embed_seconds, 1))
-
-
-# ---------------------------------------------------------------------------- Open-QA --
-
-def convert_reader(minilm_dir: str, vocab_file: str, out: str) -> Dict:
-  """``realm-convert --hf_dir --targets=reader``: MiniLM as the reader's BERT (its span scorer
-  starts fresh in Open-QA fine-tuning)."""
-  from realm_tf import checkpoint_convert  # pylint: disable=g-import-not-at-top
-  return {"checkpoint": checkpoint_convert.convert_hf(minilm_dir, out, vocab_file,
-                                                      targets=["reader"])}
-
-
-def qa_subset(work: str, split: str, count: int, seed: int,
-              max_questions: int = 0) -> Tuple[str, List[int]]:
-  """``qa/openqa-<split>.jsonl``: ``count`` questions of ``squad-<split>.jsonl`` (the first
-  ``max_questions`` of it, 0: all) drawn with ``seed``, in file order (all when fewer); its
-  path and the chosen lines' indices."""
-  with open(os.path.join(work, "qa", f"squad-{split}.jsonl"), encoding="utf-8") as f:
-    lines = [line for line in f if line.strip()]
-  if max_questions:
-    lines = lines[:max_questions]
-  chosen = list(range(len(lines)))
-  if count < len(lines):
-    chosen = sorted(np.random.RandomState(seed).choice(len(lines), count, replace=False).tolist())
-  path = os.path.join(work, "qa", f"openqa-{split}.jsonl")
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(lines[i] for i in chosen)
-  return path, chosen
-
-
-def gold_settings(budget: Budget, seed: int):
-  """Stage A's settings (``gold_reader.Settings``) from the budget: the Open-QA reader's input
-  length, so stage B reads rows of the length stage A trained on."""
-  from experiments import gold_reader  # pylint: disable=g-import-not-at-top
-  return gold_reader.Settings(
-      learning_rate=budget.gold_learning_rate, epochs=budget.gold_epochs,
-      batch_size=budget.gold_batch_size, seq_length=budget.reader_seq_length,
-      max_query_length=min(64, budget.reader_seq_length // 2),
-      eval_batch_size=budget.eval_batch_size, seed=seed)
-
-
-def train_gold_reader(work: str, squad_file: str, budget: Budget, seed: int,
-                      max_articles: int, max_paragraphs: int) -> Dict:
-  """Stage A (``experiments/gold_reader.py``): the converted MiniLM reader fine-tuned on the
-  train articles' questions with their own paragraphs, scored on every dev question's."""
-  from experiments import gold_reader  # pylint: disable=g-import-not-at-top
-  out = os.path.join(work, "gold_reader")
-  os.makedirs(out, exist_ok=True)
-  summary = gold_reader.train(os.path.join(work, "minilm_reader_model"), out, squad_file,
-                              gold_settings(budget, seed), max_articles, max_paragraphs,
-                              say=_say)
-  return dict(summary, model_dir=out)
-
-
-def reader_start(work: str) -> str:
-  """The reader Open-QA fine-tunes from: stage A's when it ran, else MiniLM's (fresh head)."""
-  gold = os.path.join(work, "gold_reader")
-  return gold if os.path.exists(os.path.join(work, "gold_reader_done.json")) else (
-      os.path.join(work, "minilm_reader_model"))
-
-
-def evaluate_gold(work: str, squad_file: str, budget: Budget, seed: int, max_articles: int,
-                  max_paragraphs: int, max_questions: int) -> Dict:
-  """Stage A's reader on the Open-QA test sample (``qa_subset``'s questions), each question
-  read in its own paragraph: the gold-paragraph row, the ceiling of the reading."""
-  from experiments import gold_reader  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
-  test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
-  result = gold_reader.evaluate(
-      os.path.join(work, "gold_reader"), squad_file, "test", gold_settings(budget, seed),
-      chosen, max_articles, max_paragraphs,
-      os.path.join(work, "gold_reader", "test_predictions.jsonl"))
-  records, _ = qa.read_qa(test_file)
-  if [r["question"] for r in result["rows"]] != [r.question for r in records]:
-    raise RealTextError(f"{test_file}: its questions are not the test split's in "
-                        f"{squad_file} (was the file or a --max_* option changed?)")
-  return {"test_file": test_file, "test_questions": result["questions"],
-          "exact_match": result["exact_match"], "f1": result["f1"]}
-
-
-def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_file: str,
-                  block_seq_length: int, extra: Sequence[str] = ()):
-  """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the ICT towers' query
-  tower, MiniLM's reader, the frozen ``ict_index/``, SQuAD's training questions, ``dev_file``
-  for validation (the best checkpoint by dev exact match in ``best_ckpt/``); ``extra``: more
-  overrides, last."""
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  query_length = model_dir_lib.load_config(
-      os.path.join(work, "minilm_model")).retriever.query_seq_length
-  overrides = [
-      f"task.model.vocab_file={vocab_file}",
-      f"task.index_dir={os.path.join(work, 'ict_index')}",
-      f"task.blocks_dir={os.path.join(work, 'blocks')}",
-      f"task.retriever_init_checkpoint={os.path.join(work, 'ict_model')}",
-      f"task.reader_init_checkpoint={reader_start(work)}",
-      f"task.train_data.input_path={os.path.join(work, 'qa', 'squad-train.jsonl')}",
-      f"task.train_data.global_batch_size={budget.openqa_batch_size}",
-      f"task.train_data.seed={seed}",
-      f"task.validation_data.input_path={dev_file}",
-      f"task.validation_data.global_batch_size={budget.eval_batch_size}",
-      f"task.model.retriever.query_seq_length={query_length}",
-      f"task.model.retriever.block_seq_length={block_seq_length}",
-      f"task.model.reader.openqa_seq_length={budget.reader_seq_length}",
-      f"task.retriever_beam_size={budget.retriever_beam_size}",
-      f"task.reader_beam_size={budget.reader_beam_size}",
-      "trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate="
-      f"{budget.openqa_learning_rate}",
-  ] + train_lengths(budget.openqa_steps, budget.openqa_validations) + list(extra)
-  return configs.load_experiment(
-      "openqa_cpu", [os.path.join(CONFIG_DIR, "openqa_cpu__real_text.yaml"),
-                     encoder_yaml(work, "openqa")], ",".join(overrides))
-
-
-def train_openqa(work: str, vocab_file: str, budget: Budget, seed: int,
-                 block_seq_length: int) -> Dict:
-  """ORQA's fine-tuning (``tasks/openqa.py``, ``--mode=train_and_eval``) into ``openqa/``,
-  validated on ``--openqa_dev_questions`` dev questions at each checkpoint."""
-  import tf_keras  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from realm_tf import train_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
-  dev_file, _ = qa_subset(work, "dev", budget.openqa_dev_questions, seed)
-  params = openqa_params(work, vocab_file, budget, seed, dev_file, block_seq_length)
-  model_dir = os.path.join(work, "openqa")
-  tf_keras.utils.set_random_seed(seed)
-  start = time.time()
-  train_lib.run_experiment(params, model_dir, mode="train_and_eval")
-  seconds = time.time() - start
-  dev = model_dir_lib.read_summaries(model_dir, "validation")
-  best = predict.best_checkpoint(model_dir)
-  info = os.path.join(model_dir, "best_ckpt", "info.json")
-  if not os.path.exists(info):
-    raise RealTextError(f"{info} not found: the Open-QA run kept no best checkpoint")
-  # The exporter numbers its checkpoints by its own counter; the step is in its info.json.
-  best_step = int(_read_json(info)["best_ckpt_global_step"])
-  return {"model_dir": model_dir, "steps": budget.openqa_steps, "dev_file": dev_file,
-          "best_checkpoint": best, "best_step": best_step,
-          "seconds_per_step_with_validation": round(seconds / budget.openqa_steps, 3),
-          "dev": {k: [[int(step), float(v)] for step, v in dev[k]]
-                  for k in ("exact_match", "official_exact_match", "top_5_match") if k in dev}}
-
-
-def read_hits(model, records, rows) -> List[bool]:
-  """For each evaluated question (``rows``: ``evaluation.evaluate``'s), whether an answer lies
-  in what the reader read: a gold span (the builder's own rule) inside the part of one of its
-  read blocks that fits the reader's input beside the question. Top-k match tests whole
-  blocks; a block longer than that room is read only in part."""
-  from realm_tf.openqa import inputs as inputs_lib  # pylint: disable=g-import-not-at-top
-  builder = model.builder
-  questions = [inputs_lib.question_of(r) for r in records]
-  question_ids = builder.question_ids(builder.question_inputs([q.question for q in questions]))
-  hits = []
-  for q, q_ids, a_ids, row in zip(questions, question_ids, builder.answer_ids(questions), rows):
-    blocks = builder.block_texts([b["block_id"] for b in row["blocks"]])
-    hits.append(any(builder.gold_spans(q, a_ids, block, builder.reader_row(q_ids, block)[-1])
-                    for block in blocks))
-  return hits
-
-
-def score_openqa(model, records, budget: Budget, out_dir: str):
-  """``realm-eval``'s evaluation of a loaded ``OpenQA`` on ``records``, written to
-  ``out_dir``: its metrics, rows, and EM, top-k match and read match (``read_hits``) with
-  their Wilson intervals."""
-  from realm_tf.openqa import evaluation  # pylint: disable=g-import-not-at-top
-  metrics, rows = evaluation.evaluate(model, records, batch_size=budget.eval_batch_size,
-                                      top_k=TOP_K, progress=False)
-  evaluation.write_outputs(out_dir, metrics, rows)
-  scores = {"exact_match": proportion([r["correct"] for r in rows]),
-            "read_match": proportion(read_hits(model, records, rows))}
-  for k in TOP_K:
-    scores[f"top_{k}_match"] = proportion([r["first_correct_rank"] is not None
-                                           and r["first_correct_rank"] < k for r in rows])
-  return metrics, rows, scores
-
-
-def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
-  """``realm-eval``'s evaluation (``openqa.evaluation.evaluate``) of the best dev checkpoint
-  on ``--openqa_test_questions`` test questions: official EM and top-k match with their
-  intervals, predictions and evidence in ``openqa_eval/``. Top-k match before fine-tuning:
-  the same questions' hits in the ICT stage's top 20 (the initialization's query tower, the
-  same index embeddings, the same ``HasAnswer`` test)."""
-  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
-  test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
-  records, _ = qa.read_qa(test_file)
-  model = predict.OpenQA.load(os.path.join(work, "openqa"), os.path.join(work, "ict_index"),
-                              os.path.join(work, "blocks"),
-                              reader_beam_size=budget.reader_beam_size,
-                              retriever_beam_size=budget.retriever_beam_size)
-  metrics, rows, after = score_openqa(model, records, budget,
-                                      os.path.join(work, "openqa_eval"))
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-  bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
-  first = first_hits(np.load(os.path.join(work, "ict", "top_ids.npy"))[chosen], bodies,
-                     records)
-  before = {f"top_{k}_match": proportion(first < k) for k in TOP_K}
-  return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
-          "before": before, "after": after,
-          "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
-
-
-def read_given_beams(model, beams: Dict[str, np.ndarray]) -> None:
-  """Makes a loaded ``OpenQA`` read, for each question, the blocks ``beams[question]`` (in that
-  order; e.g. BM25's top blocks) instead of its own retrieval. The reader and its scores are
-  unchanged: a read block's span scores still add the query tower's logit for it."""
-  builder = model.builder
-  features = builder.features
-
-  def with_beams(questions, query_embeddings, **kwargs):
-    ids = np.stack([beams[q.question] for q in questions])
-    builder.search = lambda _, k: (ids[:, :k], np.zeros([len(ids), k], np.float32))
-    return features(questions, query_embeddings, **kwargs)
-  builder.features = with_beams
-
-
-def evaluate_bm25_reader(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
-  """The fine-tuned Open-QA model reading BM25's top blocks (``bm25/top_ids.npy``) on the same
-  test sample: what a BM25 user gets from the same reader. Its top-k match is BM25's."""
-  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import predict  # pylint: disable=g-import-not-at-top
-  test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
-  records, _ = qa.read_qa(test_file)
-  top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
-  model = predict.OpenQA.load(os.path.join(work, "openqa"), os.path.join(work, "ict_index"),
-                              os.path.join(work, "blocks"),
-                              reader_beam_size=budget.reader_beam_size,
-                              retriever_beam_size=top.shape[1])
-  read_given_beams(model, {r.question: row for r, row in zip(records, top)})
-  _, rows, after = score_openqa(model, records, budget,
-                                os.path.join(work, "bm25_reader_eval"))
-  return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
-          "after": after}
-
-
-# --------------------------------------------------------------------------------- results --
-
-def _interval_text(value: float, lo: float, hi: float) -> str:
-  return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+# -------------------------------------------------------------------------------------- results --
 
 
 def retrieval_rows(work: str, stages: Dict[str, Dict], max_questions: int) -> List[Dict]:
   """One row per retriever: its recall@k (from its stage) and their 95% Wilson intervals over
   the test questions, from the per-question ranks of its saved top 20 (``top_ids.npy``)."""
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
   bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
-  records = test_questions(work, max_questions)
+  records = ts.test_questions(work, max_questions)
   rows = [(dict(stages["bm25"], retriever=BM25), os.path.join("bm25", "top_ids.npy"))]
   if "minilm" in stages:
     minilm, seconds = stages["minilm"], stages["minilm"]["seconds"] + stages["convert"]["seconds"]
@@ -843,7 +107,7 @@ def retrieval_rows(work: str, stages: Dict[str, Dict], max_questions: int) -> Li
                  os.path.join("ict", "top_ids.npy")))
   out = []
   for row, top_file in rows:
-    first = first_hits(np.load(os.path.join(work, top_file)), bodies, records)
+    first = ts.first_hits(np.load(os.path.join(work, top_file)), bodies, records)
     for k in TOP_K:
       p = proportion(first < k)
       if abs(p["value"] - row[f"recall@{k}"]) > 1e-9:
@@ -889,7 +153,7 @@ def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> 
       "| retriever | recall@1 | recall@5 | recall@20 | test questions | seconds |",
       "|---|---|---|---|---|---|"]
   for row in rows:
-    cells = [_interval_text(row[f"recall@{k}"], row[f"recall@{k}_lo"], row[f"recall@{k}_hi"])
+    cells = [interval_text(row[f"recall@{k}"], row[f"recall@{k}_lo"], row[f"recall@{k}_hi"])
              for k in TOP_K]
     lines.append(f"| {row['retriever']} | {' | '.join(cells)} | {row['test_questions']} | "
                  f"{row['seconds']:.1f} |")
@@ -973,7 +237,7 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
       + (f"stage A's: the converted encoder and span scorer trained on the training "
          f"questions' own paragraphs, {gold['steps']} steps of {budget['gold_batch_size']} "
          f"windows, lr {budget['gold_learning_rate']}; dev EM "
-         f"{_interval_text(**gold['dev_exact_match'])}, F1 {gold['dev_f1']['value']:.3f} on "
+         f"{interval_text(**gold['dev_exact_match'])}, F1 {gold['dev_f1']['value']:.3f} on "
          f"{gold['dev_questions']} dev questions"
          if gold else "the converted encoder and a fresh span scorer")
       + f") on the {stages['questions']['questions']['train']} "
@@ -1002,7 +266,7 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
       "test questions |",
       "|---|---|---|---|---|---|---|---|"]
   for row in rows:
-    cells = [(_interval_text(row[n], row[f"{n}_lo"], row[f"{n}_hi"]) if row[n] != "" else "-")
+    cells = [(interval_text(row[n], row[f"{n}_lo"], row[f"{n}_hi"]) if row[n] != "" else "-")
              for n in ("exact_match", "read_match", "top_1_match", "top_5_match",
                        "top_20_match")]
     lines.append(f"| {row['model']} | {row['checkpoint_step']} | {' | '.join(cells)} | "
@@ -1023,12 +287,12 @@ STAGE_NAMES = ("corpus", "spans", "questions", "bm25", "convert", "minilm", "ict
                "ict_train", "ict")
 
 
-def check_options(work: str, options: Dict) -> None:
+def check_options(clock: Clock, work: str, options: Dict) -> None:
   """Records the options of a work directory, or checks that they are the recorded ones: a
   stage is skipped when its output exists, so outputs of other options must not be reused."""
   path = os.path.join(work, "options.json")
   if os.path.exists(path):
-    recorded = _read_json(path)
+    recorded = read_json(path)
     changed = sorted(k for k in set(recorded) | set(options)
                      if k in recorded and recorded.get(k) != options.get(k))
     if changed:
@@ -1040,10 +304,10 @@ def check_options(work: str, options: Dict) -> None:
     if added:
       # Options that did not exist when the directory was made: the stages they govern were
       # not run then, so they are recorded now and govern the stages still to run.
-      _say(f"{path}: recording options it did not have: {', '.join(added)}")
-      _write_json(path, dict(recorded, **{k: options[k] for k in added}))
+      clock.say(f"{path}: recording options it did not have: {', '.join(added)}")
+      write_json(path, dict(recorded, **{k: options[k] for k in added}))
   else:
-    _write_json(path, options)
+    write_json(path, options)
 
 
 def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
@@ -1083,58 +347,56 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
   if openqa:
     options.update({k: v for k, v in dataclasses.asdict(budget).items()
                     if not k.startswith("ict_")})
-  check_options(work, options)
-  start = time.time()
+  clock = Clock("real_text")
+  check_options(clock, work, options)
+  once = clock.once
   stages = {"block_seq_length": block_seq_length, "budget": dataclasses.asdict(budget)}
-  stages["corpus"] = stage("corpus", os.path.join(work, "corpus", "done.json"),
-                           lambda: make_corpus(work, squad_file, wiki_dump, vocab_file,
-                                               block_seq_length, max_articles, max_paragraphs,
-                                               max_pages))
+  stages["corpus"] = once("corpus", os.path.join(work, "corpus", "done.json"), lambda: (
+      ts.make_corpus(work, squad_file, wiki_dump, vocab_file, block_seq_length, max_articles,
+                     max_paragraphs, max_pages)))
   if salient_spans:
-    stages["spans"] = stage("salient spans", os.path.join(work, "sentences_done.json"),
-                            lambda: annotate(work))
-  stages["questions"] = stage("questions", os.path.join(work, "qa", "split.json"),
-                              lambda: make_questions(work, squad_file, max_articles,
-                                                     max_paragraphs, split_fractions))
-  stages["bm25"] = stage("BM25", os.path.join(work, "bm25", "done.json"),
-                         lambda: run_bm25(work, max_questions))
+    stages["spans"] = once("salient spans", os.path.join(work, "sentences_done.json"),
+                           lambda: ts.annotate(work))
+  stages["questions"] = once("questions", os.path.join(work, "qa", "split.json"), lambda: (
+      ts.make_questions(work, squad_file, max_articles, max_paragraphs, split_fractions)))
+  stages["bm25"] = once("BM25", os.path.join(work, "bm25", "done.json"),
+                        lambda: ts.run_bm25(work, max_questions))
   if minilm:
-    stages["convert"] = stage("MiniLM conversion", os.path.join(work, "minilm_model_done.json"),
-                              lambda: convert_minilm(minilm_dir, vocab_file,
-                                                     os.path.join(work, "minilm_model"), seed))
-    stages["minilm"] = stage("MiniLM retrieval", os.path.join(work, "minilm", "done.json"),
-                             lambda: run_minilm(work, max_questions, batch_size))
+    stages["convert"] = once("MiniLM conversion", os.path.join(work, "minilm_model_done.json"),
+                             lambda: ts.convert_minilm(minilm_dir, vocab_file,
+                                                       os.path.join(work, "minilm_model"), seed))
+    stages["minilm"] = once("MiniLM retrieval", os.path.join(work, "minilm", "done.json"),
+                            lambda: ts.run_minilm(work, max_questions, batch_size, clock.say))
   if ict:
-    stages["ict_examples"] = stage(
-        "ICT examples", os.path.join(work, "ict_examples_done.json"),
-        lambda: make_ict_examples(work, vocab_file, block_seq_length))
-    stages["ict_train"] = stage("ICT training", os.path.join(work, "ict_model_done.json"),
-                                lambda: train_ict(work, vocab_file, budget, seed))
-    stages["ict"] = stage("ICT retrieval", os.path.join(work, "ict", "done.json"),
-                          lambda: run_ict_retrieval(work, max_questions, batch_size,
-                                                    block_seq_length))
+    stages["ict_examples"] = once("ICT examples", os.path.join(work, "ict_examples_done.json"),
+                                  lambda: ts.make_ict_examples(work, vocab_file,
+                                                               block_seq_length))
+    stages["ict_train"] = once("ICT training", os.path.join(work, "ict_model_done.json"),
+                               lambda: ts.train_ict(clock, work, vocab_file, budget, seed))
+    stages["ict"] = once("ICT retrieval", os.path.join(work, "ict", "done.json"), lambda: (
+        ts.run_ict_retrieval(work, max_questions, batch_size, block_seq_length)))
   if openqa:
-    stages["reader_convert"] = stage(
+    stages["reader_convert"] = once(
         "MiniLM reader conversion", os.path.join(work, "minilm_reader_model_done.json"),
-        lambda: convert_reader(minilm_dir, vocab_file,
-                               os.path.join(work, "minilm_reader_model")))
-    stages["gold_reader"] = stage(
+        lambda: ts.convert_reader(minilm_dir, vocab_file,
+                                  os.path.join(work, "minilm_reader_model")))
+    stages["gold_reader"] = once(
         "Gold-paragraph reader (stage A)", os.path.join(work, "gold_reader_done.json"),
-        lambda: train_gold_reader(work, squad_file, budget, seed, max_articles,
-                                  max_paragraphs))
-    stages["gold_test"] = stage(
+        lambda: ts.train_gold_reader(work, squad_file, budget, seed, max_articles,
+                                     max_paragraphs, clock.say))
+    stages["gold_test"] = once(
         "Gold-paragraph test", os.path.join(work, "gold_reader", "test_done.json"),
-        lambda: evaluate_gold(work, squad_file, budget, seed, max_articles, max_paragraphs,
-                              max_questions))
-    stages["openqa_train"] = stage(
+        lambda: ts.evaluate_gold(work, squad_file, budget, seed, max_articles, max_paragraphs,
+                                 max_questions))
+    stages["openqa_train"] = once(
         "Open-QA training", os.path.join(work, "openqa_done.json"),
-        lambda: train_openqa(work, vocab_file, budget, seed, block_seq_length))
-    stages["openqa_eval"] = stage(
+        lambda: ts.train_openqa(clock, work, vocab_file, budget, seed, block_seq_length))
+    stages["openqa_eval"] = once(
         "Open-QA evaluation", os.path.join(work, "openqa_eval", "done.json"),
-        lambda: evaluate_openqa(work, budget, seed, max_questions))
-    stages["bm25_reader"] = stage(
+        lambda: ts.evaluate_openqa(work, budget, seed, max_questions))
+    stages["bm25_reader"] = once(
         "BM25 + the reader", os.path.join(work, "bm25_reader_eval", "done.json"),
-        lambda: evaluate_bm25_reader(work, budget, seed, max_questions))
+        lambda: ts.evaluate_bm25_reader(work, budget, seed, max_questions))
   stages["results"] = write_results(out, stages, max_questions)
   labels = [(BM25, stages["bm25"])]
   if "minilm" in stages:
@@ -1142,14 +404,14 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
   if "ict" in stages:
     labels.append((MINILM_ICT, stages["ict"]))
   for label, r in labels:
-    _say(f"{label}: recall@1 {r['recall@1']:.3f}, @5 {r['recall@5']:.3f}, "
-         f"@20 {r['recall@20']:.3f}")
+    clock.say(f"{label}: recall@1 {r['recall@1']:.3f}, @5 {r['recall@5']:.3f}, "
+              f"@20 {r['recall@20']:.3f}")
   if "openqa_eval" in stages:
     e = stages["openqa_eval"]
-    _say(f"Open-QA: EM {_interval_text(**e['after']['exact_match'])}, top-5 match before "
-         f"{e['before']['top_5_match']['value']:.3f}, after "
-         f"{e['after']['top_5_match']['value']:.3f} ({e['test_questions']} test questions)")
-  _say(f"finished in {time.time() - start:.1f} s; tables in {stages['results']['md']}")
+    clock.say(f"Open-QA: EM {interval_text(**e['after']['exact_match'])}, top-5 match before "
+              f"{e['before']['top_5_match']['value']:.3f}, after "
+              f"{e['after']['top_5_match']['value']:.3f} ({e['test_questions']} test questions)")
+  clock.say(f"finished in {clock.minutes() * 60:.1f} s; tables in {stages['results']['md']}")
   return stages
 
 
@@ -1230,6 +492,7 @@ def main(argv):
 def run():
   define_flags()
   cli.run_main(main)
+
 
 
 if __name__ == "__main__":

@@ -56,14 +56,24 @@ host's work overlaps it (``prefetch(1)`` in ``build_inputs``) as long as it is s
 import dataclasses
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
 from absl import flags
 import numpy as np
+from official.nlp.configs import encoders
+import tensorflow as tf
 
+from realm_tf import configs
 from realm_tf.binaries import cli
+from realm_tf.data import block_store
+from realm_tf.modeling import factory
+from realm_tf.retrieval import candidates
+from realm_tf.retrieval import mips_index
+from realm_tf.tasks import realm_pretrain
 
 PAPER_NUM_BLOCKS = 13_353_718   # Guu et al. 2020, section 4 / appendix (enwiki-20181220)
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "configs",
@@ -198,8 +208,6 @@ def activation_bytes(shape: EncoderShape, seq_length: int, num_sequences: int,
 def feature_bytes(model_config, batch_size: int) -> int:
   """Bytes the host sends the device per step with host retrieval: ``HOST_PATH_FEATURES`` of
   ``feature_signature``."""
-  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import realm_pretrain  # pylint: disable=g-import-not-at-top
   signature = candidates.feature_signature(model_config)
   total = 0
   for name in realm_pretrain.HOST_PATH_FEATURES:
@@ -335,10 +343,6 @@ def measure_encoder(shape: EncoderShape, batch: int, seq_length: int, projection
   """Forward FLOP/s (matmul FLOPs by ``embedder_forward_flops``) of a float32 embedder built
   by ``realm_tf.modeling.factory`` with ``shape`` (vocabulary cut to 1000: lookups are not
   FLOPs)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from official.nlp.configs import encoders  # pylint: disable=g-import-not-at-top
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
   encoder = encoders.BertEncoderConfig(
       vocab_size=1000, hidden_size=shape.hidden, num_layers=shape.num_layers,
       num_attention_heads=shape.heads, intermediate_size=shape.intermediate,
@@ -355,7 +359,7 @@ def measure_encoder(shape: EncoderShape, batch: int, seq_length: int, projection
   return embedder_forward_flops(shape, seq_length, batch, projection) / seconds
 
 
-def scann_settings(mips_index, training_sample_size: int):
+def scann_settings(training_sample_size: int):
   """The index's own defaults at REALM's size (tree + AH + reorder), the tree forced on at
   every measured size, and no build-time recall tuning: on random vectors it would search
   every leaf, which real (clustered) embeddings do not need; without a target the index
@@ -372,15 +376,12 @@ def measure_scann(sizes: Sequence[int], dim: int, batch: int, num_queries: int,
   """Per-query seconds of ScaNN (tree + AH + reorder: ``ScannSettings`` with the tree forced
   on, so every size uses the mode REALM's corpus gets) at batch ``batch``; build seconds;
   serialized ScaNN bytes per block at the largest size."""
-  import shutil  # pylint: disable=g-import-not-at-top
-  import tempfile  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import mips_index  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   queries = rng.standard_normal((num_queries, dim), dtype=np.float32)
   per_query, builds, size_per_block, settings = [], [], 0.0, None
   for n in sizes:
     emb = rng.standard_normal((n, dim), dtype=np.float32)
-    options = scann_settings(mips_index, training_sample_size)
+    options = scann_settings(training_sample_size)
     index = mips_index.ScannIndex.build(emb, options)
     builds.append(index.build_seconds)
     settings = index.settings()
@@ -405,7 +406,6 @@ def measure_scann(sizes: Sequence[int], dim: int, batch: int, num_queries: int,
 def synthetic_builder(model_config, num_blocks: int, seed: int = 0):
   """A ``CandidateBuilder`` over ``num_blocks`` random blocks that fill ``block_seq_length``
   (ids from a 30,000-word vocabulary; [CLS]=101, [SEP]=102 as in BERT's)."""
-  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   cls_id, sep_id = 101, 102
   length = model_config.retriever.block_seq_length
@@ -458,8 +458,6 @@ def measure_gather(total_bytes: int, row_tokens: int, rows: int, repeats: int) -
 
 def measure_copy(model_config, batch: int, repeats: int) -> float:
   """Bytes/s of NumPy -> ``tf.Tensor`` for one batch of device features."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   arrays = [np.ones([batch, *spec.shape[1:]], spec.dtype.as_numpy_dtype)
             for spec in candidates.feature_signature(model_config).values()]
 
@@ -683,7 +681,6 @@ def refresh_model(work: Workload, m: Measured, hw: Hardware, step_s: float) -> D
 
 
 def memory_model(work: Workload, m: Measured, hw: Hardware) -> Dict[str, float]:
-  from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
   n = work.num_blocks
   tokens = n * work.block_len * ASSUMPTIONS["mean_block_tokens_fraction"][0]
   itemsize = block_store.token_dtype(work.retriever.vocab - 1).itemsize
@@ -849,7 +846,6 @@ def report(params, work: Workload, m: Measured, hw: Hardware) -> str:
 
 def main(argv):
   del argv
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
   params = configs.load_experiment(FLAGS.experiment, FLAGS.config_file, FLAGS.params_override)
   work = Workload.from_params(params, FLAGS.num_blocks)
   hw = Hardware(FLAGS.train_cores, FLAGS.refresh_cores, FLAGS.mfu, FLAGS.host_vcpus,

@@ -6,8 +6,10 @@ that every seed and row shares (``--world_seed``; its questions and blocks), it 
 warm starts (the "BERT" reading reader and the ICT retriever), its REALM pre-training runs each
 beside its refresher, and its Open-QA fine-tunes, all seeded with ``N`` (data order, mask
 draws, ICT pairs; fresh heads and dropout are not seeded), and writes one small JSON file,
-``seed<N>.json``, under ``--results_dir``. Everything else goes under ``--output_dir``; a rerun
-into the same directory skips every finished stage (``TRAINING_DONE``, ``prepared.json``).
+``seed<N>.json``, under ``--results_dir``. Its settings are the demo's ``stages.Recipe`` and a
+:class:`TableSettings`, which ``experiments.tables`` builds from its flags. Everything else
+goes under ``--output_dir``; a rerun into the same directory skips every finished stage
+(``TRAINING_DONE``, ``prepared.json``).
 
 Pre-training runs (``PRETRAIN_RUNS``), side by side, each beside its refresher:
 
@@ -29,19 +31,28 @@ SHA-256 of the source files that compute a seed's numbers (``CODE_FILES``), and 
 that of every setting and of the YAML files the runs load.
 """
 
+import dataclasses
 import glob
 import hashlib
 import json
 import os
 import subprocess
-import time
 from typing import Dict, List, Sequence
 
-from absl import flags
+import numpy as np
+from official.core import task_factory
 
+from data_prep import pipeline
+from data_prep import pretrain_examples
+from data_prep import synthetic_world
+from data_prep import useful_examples
 from experiments import stages
+from experiments.common import Clock
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.data import answers
+from realm_tf.modeling import losses
+from realm_tf.tasks.realm_pretrain import DEVICE_FEATURES
 
-FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Pre-training runs: name -> (examples, refreshed at every checkpoint (1) or staleness x staler).
@@ -75,17 +86,25 @@ CODE_FILES = ("data_prep/*.py", "realm_tf/modeling/*.py", "realm_tf/tasks/*.py",
               "experiments/table_seed.py")
 CONFIG_FILES = ("reader_read_cpu__demo.yaml", "ict_cpu__demo.yaml",
                 "realm_pretrain_cpu__demo.yaml", "openqa_cpu__demo.yaml")
-# The flags a seed's numbers depend on (the demo's and the tables' own).
-SETTING_FLAGS = ("world_seed", "world_scale", "reading_worlds", "reading_steps",
-                 "distractor_steps", "distractors", "ict_steps", "ict_learning_rate",
-                 "realm_steps", "realm_learning_rate", "refresh_every", "openqa_steps",
-                 "openqa_learning_rate", "qa_test_fraction", "eval_fraction", "staleness",
-                 "validation_every", "news_share", "lr_retriever", "table3_examples",
-                 "precision")
+# The settings a seed's numbers depend on (the recipe's and the tables' own).
+SETTINGS = ("world_seed", "world_scale", "reading_worlds", "reading_steps", "distractor_steps",
+            "distractors", "ict_steps", "ict_learning_rate", "realm_steps",
+            "realm_learning_rate", "refresh_every", "openqa_steps", "openqa_learning_rate",
+            "qa_test_fraction", "eval_fraction", "staleness", "validation_every", "news_share",
+            "lr_retriever", "table3_examples", "precision")
 
 
-def say(message: str) -> None:
-  print(f"[tables {time.strftime('%H:%M:%S')}] {message}", flush=True)
+@dataclasses.dataclass(frozen=True)
+class TableSettings:
+  """The tables' own settings beside the recipe (``experiments.tables`` makes a flag of each)."""
+  world_seed: int = 0             # the one synthetic world every seed and row shares
+  qa_test_fraction: float = 0.4   # share of the world's questions held out as test
+  eval_fraction: float = 0.2      # share of blocks whose masked sentences are held out
+  staleness: int = 30             # how many times staler the stale-index ablation's index is
+  validation_every: int = 100     # validation interval of the plotted runs
+  table3_examples: int = 5        # held-out sentences kept for Table 3's examples
+  news_share: float = 1.0         # share of the entities whose facts the news restates
+  lr_retriever: float = 1.0       # task.lr_retriever of every REALM run
 
 
 # --------------------------------------------------------------------------- fingerprints --
@@ -98,10 +117,11 @@ def code_fingerprint(root: str = REPO) -> str:
   return h.hexdigest()[:16]
 
 
-def settings() -> Dict:
-  """Every setting of a seed's runs: ``SETTING_FLAGS``' values, the rows and runs, and the
-  YAML files' contents."""
-  out = {name: FLAGS[name].value for name in SETTING_FLAGS}
+def settings(recipe: stages.Recipe, table: TableSettings) -> Dict:
+  """Every setting of a seed's runs: ``SETTINGS``' values (of ``recipe`` and ``table``),
+  the rows and runs, and the YAML files' contents."""
+  given = dict(dataclasses.asdict(recipe), **dataclasses.asdict(table))
+  out = {name: given[name] for name in SETTINGS}
   out["rows"] = {k: list(v) for k, v in ROWS.items()}
   out["pretrain_runs"] = {k: list(v) for k, v in PRETRAIN_RUNS.items()}
   out["news_style"] = NEWS_STYLE
@@ -124,7 +144,7 @@ def git_commit() -> str:
 
 
 # ---------------------------------------------------------------------------------- data --
-def prepare(out: str) -> Dict:
+def prepare(clock: Clock, out: str, table: TableSettings, recipe: stages.Recipe) -> Dict:
   """The shared world and its data (kept in ``out/prepared.json``; a rerun reuses them): the
   encyclopedia's blocks, masked sentences (three maskings) and ICT examples, the news's masked
   sentences (X != Z), the reading worlds, and each test question's subject."""
@@ -132,18 +152,15 @@ def prepare(out: str) -> Dict:
   if os.path.exists(done):
     with open(done) as f:
       return json.load(f)
-  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
-  from data_prep import pretrain_examples  # pylint: disable=g-import-not-at-top
-  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  seed = FLAGS.world_seed
-  world = stages.make_world(seed, seed, FLAGS.world_scale)
+  seed = table.world_seed
+  world = stages.make_world(seed, seed, recipe.world_scale)
   files = synthetic_world.write_world(world, os.path.join(out, "world"), vocab_size=3000,
                                       whole_word_names=True,
-                                      qa_test_fraction=FLAGS.qa_test_fraction,
-                                      news_seed=seed, news_share=FLAGS.news_share,
+                                      qa_test_fraction=table.qa_test_fraction,
+                                      news_seed=seed, news_share=table.news_share,
                                       news_style=NEWS_STYLE)
   common = dict(block_seq_length=32, query_seq_length=32, examples_per_sentence=2,
-                eval_fraction=FLAGS.eval_fraction, seed=seed)
+                eval_fraction=table.eval_fraction, seed=seed)
   prepared = pipeline.prepare_all(files["articles"], files["vocab"], os.path.join(out, "data"),
                                   patterns_file=files["patterns"], **common)
   dirs = dict(prepared["dirs"], pretrain_salient=prepared["dirs"]["pretrain"])
@@ -151,7 +168,7 @@ def prepare(out: str) -> Dict:
     d = os.path.join(out, "data", f"pretrain_{masking}")
     pretrain_examples.run_pretrain_examples(
         dirs["sentences"], files["vocab"], d, masking=masking, query_seq_length=32,
-        examples_per_sentence=2, eval_fraction=FLAGS.eval_fraction, seed=seed)
+        examples_per_sentence=2, eval_fraction=table.eval_fraction, seed=seed)
     dirs[f"pretrain_{masking}"] = d
   # Nothing reads a news eval split (the news run validates on the encyclopedia's held-out
   # sentences): every news item trains.
@@ -159,8 +176,9 @@ def prepare(out: str) -> Dict:
                               patterns_file=files["patterns"], source_corpus="news",
                               **dict(common, eval_fraction=0.0))
   dirs["pretrain_news"] = news["dirs"]["pretrain"]
-  check = news_check(files, dirs["sentences"], news["dirs"]["sentences"])
-  reading = stages.prepare_reading_worlds(out, files["vocab"], stages.reading_worlds(seed), seed)
+  check = news_check(clock, files, dirs["sentences"], news["dirs"]["sentences"], table)
+  reading = stages.prepare_reading_worlds(out, files["vocab"],
+                                          stages.reading_worlds(seed, recipe), seed)
   subject = {q["question"]: f["subject"] for q, f in synthetic_world.qa_facts(world)}
   with open(files["qa_test"]) as f:
     test = [json.loads(line)["question"] for line in f if line.strip()]
@@ -169,7 +187,7 @@ def prepare(out: str) -> Dict:
                   num_held_out_sentences=prepared["pretrain"]["num_eval"],
                   num_news_sentences=news["pretrain"]["num_train"],
                   test_subjects={q: subject[q] for q in test}, news_check=check)
-  say(f"world: {len(world.articles)} articles, {prepared['num_blocks']} blocks, "
+  clock.say(f"world: {len(world.articles)} articles, {prepared['num_blocks']} blocks, "
       f"{prepared['num_held_out_sentences']} held-out masked sentences, {len(test)} test "
       f"questions; news: {prepared['num_news_sentences']} masked training sentences")
   with open(done, "w") as f:
@@ -181,46 +199,54 @@ class NewsCannotTeachError(RuntimeError):
   """The news corpus has fewer useful examples than X = Z (``data_prep.useful_examples``)."""
 
 
-def news_check(files: Dict, z_sentences: str, news_sentences: str) -> Dict:
+def news_check(clock: Clock, files: Dict, z_sentences: str, news_sentences: str,
+               table: TableSettings) -> Dict:
   """The model-free check (``data_prep.useful_examples``) of the news against X = Z on this
   world; raises ``NewsCannotTeachError`` when the news has fewer useful examples per fact or a
   smaller share of facts with one, since its rows would then measure a corpus that cannot
   teach. Returns both counts (without the per-fact lists)."""
-  from data_prep import useful_examples  # pylint: disable=g-import-not-at-top
   with open(files["facts"]) as f:
     facts = [json.loads(line) for line in f if line.strip()]
   result = useful_examples.compare(
-      z_sentences, facts, FLAGS.eval_fraction, news_sentences, 0.0,
+      z_sentences, facts, table.eval_fraction, news_sentences, 0.0,
       useful_examples.test_fact_indices(files["qa"], files["qa_test"]))
   for line in useful_examples.lines(result):
-    say("useful examples: " + line)
+    clock.say("useful examples: " + line)
   lacking = useful_examples.shortfall(result)
   if lacking:
     raise NewsCannotTeachError(
         "refusing to run the news rows: the news corpus teaches less than X = Z ("
         + "; ".join(lacking) + f"); see python -m experiments.tables --check_news "
-        f"(news_share {FLAGS.news_share:g}, style {NEWS_STYLE!r})")
+        f"(news_share {table.news_share:g}, style {NEWS_STYLE!r})")
   return {k: {n: v for n, v in r.items() if n != "counts"} for k, r in result.items()}
 
 
 # ---------------------------------------------------------------------------- warm starts --
-def warm_starts(clock, out: str, data: Dict, seed: int) -> Dict[str, str]:
-  """This seed's "BERT" reader and ICT retriever (``stages.warm_start_stages``, each stage's
+def warm_start_stages(recipe: stages.Recipe, data: Dict, out: str) -> Dict:
+  """The warm starts of a seed trained in ``out``: the reader's, then ICT."""
+  corpora = stages.reading_corpora(out, data["reading"])
+  vocab = data["files"]["vocab"]
+  return dict(stages.reader_stages(recipe, vocab, corpora, out),
+              **stages.ict_stage(recipe, vocab, data["dirs"]["ict"]))
+
+
+def warm_starts(clock: Clock, out: str, data: Dict, seed: int,
+                recipe: stages.Recipe) -> Dict[str, str]:
+  """This seed's "BERT" reader and ICT retriever (``warm_start_stages``, each stage's
   data order and TensorFlow's global seed set to ``seed``), under ``out``: ``{"bert": the
   reader REALM and the baseline start from, "ict": ..., and the stages}``."""
-  corpora = stages.reading_corpora(out, data["reading"])
-  done = stages.train_warm_starts(clock, out, stages.warm_start_stages(
-      data["files"]["vocab"], corpora, data["dirs"]["ict"]), seed=seed)
+  done = stages.train_warm_starts(clock, out, warm_start_stages(recipe, data, out), seed=seed)
   dirs = {name: model_dir for name, (model_dir, _) in done.items()}
   dirs["bert"] = dirs["reader" if "reader" in dirs else "reader_read"]
   return dirs
 
 
 # ------------------------------------------------------------------------- pre-training --
-def pretrain(clock, base: str, data: Dict, warm: Dict[str, str], seed: int) -> Dict[str, str]:
+def pretrain(clock: Clock, base: str, data: Dict, warm: Dict[str, str], seed: int,
+             recipe: stages.Recipe, table: TableSettings) -> Dict[str, str]:
   """This seed's REALM pre-training runs (``PRETRAIN_RUNS``) side by side, each beside its
   refresher (the stale run's builds at most every ``staleness x refresh_every`` steps); the
-  ``PLOTTED`` runs validate every ``--validation_every`` steps, dev questions included.
+  ``PLOTTED`` runs validate every ``validation_every`` steps, dev questions included.
   Returns their dirs."""
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   jobs, out = [], {}
@@ -229,18 +255,18 @@ def pretrain(clock, base: str, data: Dict, warm: Dict[str, str], seed: int) -> D
     plotted = name in PLOTTED
     where = stages.PretrainData(dirs[f"pretrain_{examples}"], dirs["blocks"],
                                 dirs["pretrain_salient"])
-    overrides = stages.realm_overrides(
-        vocab, where, model_dir + "_index", warm["ict"], warm["bert"],
-        validate_every=FLAGS.validation_every if plotted else None, seed=seed,
-        qa_eval=data["files"]["qa_dev"] if plotted else "") + (
-            f",task.lr_retriever={FLAGS.lr_retriever}")
+    params = stages.realm_params(
+        recipe, vocab, where, model_dir + "_index", warm["ict"], warm["bert"],
+        validate_every=table.validation_every if plotted else None, seed=seed,
+        qa_eval=data["files"]["qa_dev"] if plotted else "",
+        more={"task.lr_retriever": table.lr_retriever})
     jobs += stages.realm_jobs(
-        model_dir, overrides, dirs["blocks"], validate=plotted,
-        min_interval=0 if interval == 1 else FLAGS.refresh_every * FLAGS.staleness)
+        model_dir, params, dirs["blocks"], validate=plotted,
+        min_interval=0 if interval == 1 else recipe.refresh_every * table.staleness)
   if jobs:
     clock.say(f"seed {seed}: REALM pre-training {', '.join(PRETRAIN_RUNS)} "
-              f"({FLAGS.realm_steps} steps each, side by side); logs in {base}/<run>.*.log")
-    stages.run_side_by_side(clock, "REALM", jobs, FLAGS.parallel_runs)
+              f"({recipe.realm_steps} steps each, side by side); logs in {base}/<run>.*.log")
+    stages.run_side_by_side(clock, "REALM", jobs, recipe.parallel_runs)
   return out
 
 
@@ -249,14 +275,15 @@ def slug(label: str) -> str:
   return "openqa_" + "".join(c if c.isalnum() else "_" for c in label.lower()).strip("_")
 
 
-def finetune(clock, base: str, data: Dict, sources: Dict[str, str], seed: int) -> Dict:
+def finetune(clock: Clock, base: str, data: Dict, sources: Dict[str, str], seed: int,
+             recipe: stages.Recipe) -> Dict:
   """The Open-QA rows (``ROWS``) side by side (``stages.openqa_rows``); label -> {"em",
   "top_5_match" (fine-tuned), "zero_shot_recall_at_5" (the initialization's top-5 match),
   "questions", and per test question in file order: "em_by_question" (a 0/1 string: the
   prediction is an exact match) and "predictions" (the predicted answers)}."""
   runs = {slug(label): pair for label, pair in ROWS.items()}
-  done = stages.openqa_rows(clock, base, runs, sources, data["files"], data["dirs"]["blocks"],
-                            seed=seed)
+  done = stages.openqa_rows(clock, recipe, base, runs, sources, data["files"],
+                            data["dirs"]["blocks"], seed=seed)
   results = {}
   for label in ROWS:
     before, after = done[slug(label)]["before"], done[slug(label)]["after"]
@@ -274,24 +301,17 @@ def finetune(clock, base: str, data: Dict, sources: Dict[str, str], seed: int) -
 # ---------------------------------------------------------------- zero-shot, per question --
 def realm_task(data: Dict, qa_path: str = ""):
   """A REALM pre-training task over the world's blocks (the demo's model shapes)."""
-  from official.core import task_factory  # pylint: disable=g-import-not-at-top
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
   vocab, dirs = data["files"]["vocab"], data["dirs"]
-  n = stages.vocab_size(vocab)
-  params = configs.load_experiment(
-      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
-      ",".join([f"task.model.vocab_file={vocab}", f"task.model.retriever.encoder.vocab_size={n}",
-                f"task.model.reader.encoder.vocab_size={n}",
-                f"task.validation_data.input_path={os.path.join(dirs['pretrain'], 'eval-*')}",
-                f"task.validation_data.blocks_dir={dirs['blocks']}",
-                f"task.qa_eval_path={qa_path}"]))
+  params = stages.experiment_params(
+      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")], dict(stages.towers(vocab), **{
+          "task.validation_data.input_path": os.path.join(dirs["pretrain"], "eval-*"),
+          "task.validation_data.blocks_dir": dirs["blocks"], "task.qa_eval_path": qa_path}))
   return task_factory.get_task(params.task)
 
 
 def zero_shot_by_question(data: Dict, retriever_dir: str) -> List[bool]:
   """Per test question, in file order: does one of the 5 blocks that ``retriever_dir``'s towers
   retrieve exactly hold an answer (the REALM task's ``qa_recall@5``, per question)?"""
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   task = realm_task(data, data["files"]["qa_test"])
   model = task.build_model()
   model_dir_lib.restore(model_dir_lib.latest_checkpoint(retriever_dir),
@@ -317,7 +337,6 @@ def index_ages(model_dir: str) -> Dict:
   batch retrieved from and the trainer's step. ``by_interval``: ``[(step, mean age over the
   summary interval ending there)]`` (the trainer's ``index_age`` summaries; an interval is one
   refresh period); ``mean`` and ``max`` over them."""
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
   series = model_dir_lib.read_summaries(model_dir, "train").get("index_age", [])
   values = [v for _, v in series]
   return dict(by_interval=series, mean=sum(values) / len(values) if values else None,
@@ -330,11 +349,6 @@ def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict
   (the product over its masked tokens) from the "BERT" reader and from REALM's reader with the
   null block, REALM's reader given the best-ranked block that holds the answer, and REALM's
   marginal over its candidates (the null block and its top k - 1)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import answers  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import losses  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks.realm_pretrain import DEVICE_FEATURES  # pylint: disable=g-import-not-at-top
   task = realm_task(data)
   realm = task.build_model()
   model_dir_lib.restore(model_dir_lib.latest_checkpoint(realm_dir), **realm.checkpoint_items)
@@ -387,25 +401,23 @@ TABLE3_COLUMNS = (("bert_null", "BERT stand-in, null block"),
 
 
 # ---------------------------------------------------------------------------------- seed --
-def run_seed(out: str, results_dir: str, seed: int) -> str:
+def run_seed(clock: Clock, out: str, results_dir: str, seed: int, recipe: stages.Recipe,
+             table: TableSettings) -> str:
   """Runs (or finishes) seed ``seed`` under ``out``; writes ``results_dir/seed<seed>.json``
   and returns its path."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_tf import model_dir as model_dir_lib  # pylint: disable=g-import-not-at-top
-  config = settings()
+  config = settings(recipe, table)
   fingerprints = {"code": code_fingerprint(), "config": config_fingerprint(config)}
-  clock = stages.Clock("tables")
   with clock.stage("data"):
-    data = prepare(out)
+    data = prepare(clock, out, table, recipe)
   base = os.path.join(out, f"seed{seed}")
   os.makedirs(base, exist_ok=True)
   with clock.stage("warm starts"):
-    warm = warm_starts(clock, base, data, seed)
+    warm = warm_starts(clock, base, data, seed, recipe)
   with clock.stage("pre-training"):
-    realm_dirs = pretrain(clock, base, data, warm, seed)
+    realm_dirs = pretrain(clock, base, data, warm, seed, recipe, table)
   sources = dict(warm, **realm_dirs)
   with clock.stage("Open-QA"):
-    openqa = finetune(clock, base, data, sources, seed)
+    openqa = finetune(clock, base, data, sources, seed, recipe)
   with clock.stage("zero-shot by question"):
     zero_shot = {}
     for retriever in dict.fromkeys(r for r, _ in ROWS.values()):
@@ -426,7 +438,7 @@ def run_seed(out: str, results_dir: str, seed: int) -> str:
                  news_sentences=data["num_news_sentences"]),
       test_questions=list(data["test_subjects"]), news_check=data["news_check"],
       openqa=openqa, zero_shot=zero_shot, index_ages=ages,
-      table3=dict(examples=table3[:FLAGS.table3_examples], count=len(table3),
+      table3=dict(examples=table3[:table.table3_examples], count=len(table3),
                   medians={k: float(np.median([r[k] for r in table3])) if table3 else None
                            for k, _ in TABLE3_COLUMNS}),
       curves=curves)

@@ -33,23 +33,29 @@ refreshed, 30x staler, news) to ``--render_dir``.
 """
 
 import csv
+import dataclasses
 import glob
 import json
 import math
 import os
 import statistics
-import time
 from typing import Dict, List, Sequence
 
 from absl import app
 from absl import flags
+import numpy as np
+from scipy import stats
 
-from experiments import stages  # noqa: F401  pylint: disable=unused-import (the recipe flags)
+from data_prep import useful_examples
+from experiments import recipe_flags
 from experiments import table_seed
+from experiments.common import Clock
 from realm_tf.binaries import cli
 
 FLAGS = flags.FLAGS
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# The recipe's flags (the demo's knobs) come from experiments/recipe_flags.py; the tables' own
+# settings (table_seed.TableSettings) are these.
 flags.DEFINE_integer("world_seed", 0, "The one synthetic world every seed and row shares.")
 flags.DEFINE_bool("render", False, "Render the tables from the seed files of --results_dir.")
 flags.DEFINE_string("results_dir", os.path.join(RESULTS, "tables"),
@@ -109,7 +115,6 @@ def paired_difference(hits_a: Sequence[str], hits_b: Sequence[str], resamples: i
   95% question-clustered bootstrap interval (``resamples`` resamples of the questions, each
   question keeping its values in every seed; percentiles); ``boot``: the resampled means;
   ``signs``: ``(seeds above 0, seeds below 0, seeds)``."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   a = np.array([[c == "1" for c in h] for h in hits_a], dtype=np.float64)
   b = np.array([[c == "1" for c in h] for h in hits_b], dtype=np.float64)
   if a.shape != b.shape or a.ndim != 2:
@@ -129,7 +134,6 @@ def paired_difference(hits_a: Sequence[str], hits_b: Sequence[str], resamples: i
 
 def t_interval(values: Sequence[float], level: float):
   """The ``level`` Student t interval (n - 1 df) of the mean of ``values``; nans for one."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
   values = [float(v) for v in values]
   m = statistics.fmean(values)
   if len(values) < 2:
@@ -143,8 +147,6 @@ def p_values(d: Dict) -> Dict[str, float]:
   """Two-sided p-values of a :func:`paired_difference`: ``seeds`` (one-sample t over the
   per-seed differences; 1 with one seed) and ``questions`` (the bootstrap's: twice the smaller
   share of resampled means on either side of 0)."""
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   x = np.asarray(d["per_seed"])
   if x.size < 2:
     p_seeds = 1.0
@@ -227,7 +229,6 @@ def analysis(runs: Sequence[Dict]) -> Dict[str, List]:
   the intervals at Holm's level (``seeds_adjusted``, ``questions_adjusted``) and ``verdict``:
   "holds" when both adjusted intervals exclude 0 in the paper's direction (above), else "not
   established"."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   out = {"primary": [], "secondary": []}
   for label, outcome, a, b in PRIMARY:
     out["primary"].append(dict(comparison(runs, outcome, a, b), label=label))
@@ -331,10 +332,6 @@ def record_cells(run: Dict) -> Dict[str, Dict[str, float]]:
   return cells
 
 
-def say(message: str) -> None:
-  print(f"[tables {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 # ------------------------------------------------------------------------------- output --
 def write_table(out: str, name: str, header: Sequence[str], rows: Sequence[Sequence],
                 note: str = "") -> str:
@@ -394,10 +391,10 @@ def check_same_fingerprints(seeds: Dict[int, Dict]) -> None:
 def plot_curves(out: str, seeds: Sequence[Dict], tags: Sequence[str]) -> str:
   """Mean over seeds (band: 95% CI) of each validation tag over pre-training steps, for the
   refreshed, stale and news runs (one panel per tag)."""
+  # Inside: matplotlib's backend is chosen before pyplot is imported, and only for the plot.
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, len(tags), figsize=(4.5 * len(tags), 3.6), squeeze=False)
   every = seeds[0]["settings"]["refresh_every"]
   labels = {"realm": f"X = Z, refreshed every {every} steps",
@@ -533,18 +530,24 @@ Paper (EM, NQ / WQ / CT):""")
 
 
 
+def table_settings() -> table_seed.TableSettings:
+  """The tables' own settings, from this module's flags."""
+  return table_seed.TableSettings(**{f.name: FLAGS[f.name].value
+                                     for f in dataclasses.fields(table_seed.TableSettings)})
+
+
 def main(argv):
   del argv
   if FLAGS.scale == "paper":
     paper_scale()
     return
-  from realm_tf import tasks  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   tables = sorted(set(FLAGS.table))
   if not set(tables) <= {"1", "2", "3"}:
     raise app.UsageError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
+  recipe, table = recipe_flags.recipe(), table_settings()
+  clock = Clock("tables", FLAGS.progress_seconds)
   if FLAGS.check_news:
-    from data_prep import useful_examples  # pylint: disable=g-import-not-at-top
-    data = table_seed.prepare(os.path.abspath(FLAGS.output_dir))
+    data = table_seed.prepare(clock, os.path.abspath(FLAGS.output_dir), table, recipe)
     print("\n".join(useful_examples.lines(data["news_check"])))
     return
   if FLAGS.render:
@@ -553,8 +556,8 @@ def main(argv):
     return
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
-  path = table_seed.run_seed(out, FLAGS.results_dir, FLAGS.seed)
-  say(f"seed {FLAGS.seed} written to {path}; render with --render once every seed is in")
+  path = table_seed.run_seed(clock, out, FLAGS.results_dir, FLAGS.seed, recipe, table)
+  clock.say(f"seed {FLAGS.seed} written to {path}; render with --render once every seed is in")
 
 
 def run():

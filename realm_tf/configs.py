@@ -14,7 +14,7 @@ The registered names and their one-line descriptions are in ``EXPERIMENTS``
 """
 
 import dataclasses
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Union
 
 from official.core import config_definitions as cfg
 from official.core import exp_factory
@@ -555,8 +555,10 @@ class ConfigError(errors.RealmError, ValueError):
 
 def load_experiment(name: str,
                     config_files: Sequence[str] = (),
-                    params_override: str = "") -> cfg.ExperimentConfig:
-  """The registered experiment ``name``, layered with YAML files, then an override string.
+                    params_override: Union[str, Mapping, Sequence] = ""
+                    ) -> cfg.ExperimentConfig:
+  """The registered experiment ``name``, layered with YAML files, then ``params_override``: an
+  override string (``--params_override``'s), a nested mapping, or a list of those, in order.
 
   Raises ConfigError with a one-line message for an unknown name, a missing file or an unknown
   key.
@@ -573,11 +575,13 @@ def load_experiment(name: str,
       raise ConfigError(f"{path}: {e.args[0] if e.args else e}") from None
     except (OSError, ValueError) as e:
       raise ConfigError(f"cannot read config file {path}: {e}") from None
-  if params_override:
+  overrides = params_override if isinstance(params_override, (list, tuple)) else [
+      params_override]
+  for override in overrides:
     try:
-      params = hyperparams.override_params_dict(params, params_override, is_strict=True)
+      params = hyperparams.override_params_dict(params, override, is_strict=True)
     except (KeyError, ValueError) as e:
-      raise ConfigError(f"bad --params_override {params_override!r}: "
+      raise ConfigError(f"bad --params_override {override!r}: "
                         f"{e.args[0] if e.args else e}") from None
   resolve_schedule(params)
   params.validate()

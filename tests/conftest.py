@@ -7,7 +7,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")   # before TensorFlow is impo
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 from absl import flags
-from absl.testing import flagsaver
 import pytest
 
 from data_prep import blocks as blocks_pipeline
@@ -68,9 +67,9 @@ _split_cpu()
 
 @pytest.fixture(autouse=True)
 def _flags_parsed():
-  """Every test sees absl's flags parsed, at their defaults unless a test sets them: modules
-  such as ``experiments.demo`` read ``FLAGS`` in their library functions, and a command line a
-  test ran before (``helpers.run_cli``) may have left them unparsed. (Under pytest-xdist the
+  """Every test sees absl's flags parsed, at their defaults unless a test sets them: a command
+  line a test ran before (``helpers.run_cli``) may have left them unparsed, and a binary's
+  ``main`` reads them. (Under pytest-xdist the
   tests a worker ran before differ from run to run.)"""
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
@@ -131,11 +130,9 @@ def demo_world(tmp_path_factory):
   0.3, and ``stages.prepare_reading_worlds``: one reading world). Keys: ``out`` and prepare_data's ``world``, ``files``, ``prepared``
   (the demo world's manifests and ``dirs``) and ``reading`` (the reading worlds' dirs)."""
   out = str(tmp_path_factory.mktemp("demo"))
-  if not flags.FLAGS.is_parsed():
-    flags.FLAGS.mark_as_parsed()   # the demo's flags at their defaults, but these two
-  with flagsaver.flagsaver(world_scale=0.3, reading_worlds=1):
-    world, files, prepared = demo.prepare_data(out)
-    reading = stages.prepare_reading_worlds(out, files["vocab"], stages.reading_worlds(0), 0)
+  recipe = stages.Recipe(world_scale=0.3, reading_worlds=1)
+  world, files, prepared = demo.prepare_data(out, 0, recipe)
+  reading = stages.prepare_reading_worlds(out, files["vocab"], stages.reading_worlds(0, recipe), 0)
   return dict(out=out, world=world, files=files, prepared=prepared, reading=reading)
 
 

@@ -10,14 +10,12 @@ import json
 import os
 import shutil
 
-from absl import flags
-from absl.testing import flagsaver
 import pytest
 
+from data_prep import synthetic_world
 from experiments import assets
 from experiments import demo
 from experiments import stages
-from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import manifests
 from realm_tf.modeling.models import RealmPretrainer
@@ -26,7 +24,7 @@ from realm_tf.tasks import realm_pretrain
 
 import helpers
 
-FLAGS = flags.FLAGS
+ASSET = str(assets.ROOT / "demo_reader")   # realm-demo's --reader_asset_dir by default
 
 
 def _manifest(directory):
@@ -55,12 +53,10 @@ def test_demo_data_and_stage_experiments(demo_world, tmp_path):
   assert _manifest(reading["pretrain"])["num_train"] > 0
 
   out = str(tmp_path)
-  realm = configs.load_experiment(
-      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
-      stages.realm_overrides(vocab, stages.PretrainData(dirs["pretrain"], dirs["blocks"],
-                                                        dirs["pretrain"]),
-                             os.path.join(out, "realm_index"), os.path.join(out, "ict"),
-                             os.path.join(out, "reader_read")))
+  recipe = stages.Recipe()
+  realm = stages.realm_params(
+      recipe, vocab, stages.PretrainData(dirs["pretrain"], dirs["blocks"], dirs["pretrain"]),
+      os.path.join(out, "realm_index"), os.path.join(out, "ict"), os.path.join(out, "reader_read"))
   model = realm.task.model
   assert model.retriever.query_seq_length == pretrain["query_seq_length"]
   assert model.retriever.block_seq_length == blocks["block_seq_length"]
@@ -69,11 +65,8 @@ def test_demo_data_and_stage_experiments(demo_world, tmp_path):
   assert task.model_dir_config()[0].reader.encoder.vocab_size == stages.vocab_size(vocab)
   assert task.build_model().checkpoint_items
 
-  qa = configs.load_experiment(
-      "openqa_cpu", [stages.config("openqa_cpu")],
-      stages.openqa_overrides(vocab, os.path.join(out, "openqa_index"), files["qa_train"],
-                            files["qa_dev"], os.path.join(out, "realm"),
-                            os.path.join(out, "realm")))
+  qa = stages.openqa_params(recipe, vocab, os.path.join(out, "openqa_index"), files["qa_train"],
+                            files["qa_dev"], os.path.join(out, "realm"), os.path.join(out, "realm"))
   assert qa.task.train_data.input_path == files["qa_train"]
   assert qa.task.validation_data.input_path == files["qa_dev"]
   assert openqa_task.OpenQaTask(qa.task).build_model().reader.span_scorer is not None
@@ -119,17 +112,17 @@ def test_the_reader_asset_fits_the_demo(tmp_path):
   match the checksums of its manifest, it was built with the vocabulary the demo's world makes
   at the default flags (made again here), and every variable of the demo's reader restores
   from it."""
-  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  world = stages.make_world(FLAGS.seed, FLAGS.seed, FLAGS.world_scale)
+  recipe = stages.Recipe()
+  world = stages.make_world(0, 0, recipe.world_scale)
   files = synthetic_world.write_world(world, str(tmp_path / "world"), vocab_size=3000,
                                       whole_word_names=True)
-  assert demo.asset_mismatch(FLAGS.reader_asset_dir, files["vocab"]) == ""
-  params = configs.load_experiment("realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
-                                   ",".join(stages.towers(files["vocab"])))
+  assert demo.asset_mismatch(ASSET, files["vocab"], demo.reader_settings(0, recipe)) == ""
+  params = stages.experiment_params("realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
+                                    stages.towers(files["vocab"]))
   reader = RealmPretrainer.from_config_dataclass(params.task.model).reader
   reader.build_from_length()
   before = [v.numpy().copy() for v in reader.variables]
-  model_dir_lib.restore(os.path.join(FLAGS.reader_asset_dir, "reader"), reader=reader)
+  model_dir_lib.restore(os.path.join(ASSET, "reader"), reader=reader)
   # Every variable now holds the asset's values, but the pooler's bias: zero-initialized, and
   # the reading warm start never uses the pooler.
   unchanged = [v.name for a, v in zip(before, reader.variables)
@@ -140,19 +133,21 @@ def test_the_reader_asset_fits_the_demo(tmp_path):
 def test_a_reader_asset_that_does_not_fit_says_why(tmp_path):
   vocab = tmp_path / "vocab.txt"
   asset = tmp_path / "asset"
-  shutil.copytree(FLAGS.reader_asset_dir, asset)
+  shutil.copytree(ASSET, asset)
+  settings = demo.reader_settings(0, stages.Recipe())
   manifest = json.loads((asset / "MANIFEST.json").read_text())
   vocab.write_text("[PAD]\n[UNK]\n")
-  assert "another vocabulary" in demo.asset_mismatch(str(asset), str(vocab))
+  assert "another vocabulary" in demo.asset_mismatch(str(asset), str(vocab), settings)
   manifest["vocab_sha256"] = assets.sha256(vocab)
   (asset / "MANIFEST.json").write_text(json.dumps(manifest))
-  assert demo.asset_mismatch(str(asset), str(vocab)) == ""
-  with flagsaver.flagsaver(reading_steps=7):
-    assert "--reading_steps=6000 (this run: 7)" in demo.asset_mismatch(str(asset), str(vocab))
+  assert demo.asset_mismatch(str(asset), str(vocab), settings) == ""
+  other = demo.reader_settings(0, stages.Recipe(reading_steps=7))
+  assert "--reading_steps=6000 (this run: 7)" in demo.asset_mismatch(str(asset), str(vocab),
+                                                                     other)
   data = asset / "reader.data-00000-of-00001"
   flipped = bytearray(data.read_bytes())
   flipped[-1] ^= 1
   data.write_bytes(bytes(flipped))
-  assert "sha256 differs" in demo.asset_mismatch(str(asset), str(vocab))
+  assert "sha256 differs" in demo.asset_mismatch(str(asset), str(vocab), settings)
   (asset / "MANIFEST.json").unlink()
-  assert "no " in demo.asset_mismatch(str(asset), str(vocab))
+  assert "no " in demo.asset_mismatch(str(asset), str(vocab), settings)

@@ -233,19 +233,18 @@ def test_the_tables_refuse_a_news_corpus_that_teaches_less_than_x_equals_z(news_
   """The single-style news of half the entities (news_examples) has fewer useful examples than
   X = Z, so a table seed refuses it; the teaching news of every entity has more."""
   from experiments import table_seed  # pylint: disable=g-import-not-at-top
-  from experiments import tables  # pylint: disable=g-import-not-at-top
-  if not tables.FLAGS.is_parsed():
-    tables.FLAGS(["tables"])
+  from experiments.common import Clock  # pylint: disable=g-import-not-at-top
+  clock, table = Clock("test"), table_seed.TableSettings()
   world, paths, z, x = news_examples
   with pytest.raises(table_seed.NewsCannotTeachError, match="refusing to run the news rows: "
                      r"the news corpus teaches less than X = Z \(useful examples per fact: X"):
-    table_seed.news_check(paths, z["dirs"]["sentences"], x["dirs"]["sentences"])
+    table_seed.news_check(clock, paths, z["dirs"]["sentences"], x["dirs"]["sentences"], table)
   teaching = synthetic_world.write_world(world, str(tmp_path / "world"), news_share=1.0,
                                          news_style="teaching")
   news = pipeline.prepare_all(teaching["news"], paths["vocab"], str(tmp_path / "news"),
                               patterns_file=paths["patterns"], block_seq_length=32,
                               query_seq_length=32, eval_fraction=0.0, source_corpus="news")
-  check = table_seed.news_check(dict(paths, qa=teaching["qa"], qa_test=teaching["qa_test"]),
-                                z["dirs"]["sentences"], news["dirs"]["sentences"])
+  check = table_seed.news_check(clock, dict(paths, qa=teaching["qa"], qa_test=teaching["qa_test"]),
+                                z["dirs"]["sentences"], news["dirs"]["sentences"], table)
   assert check["x"]["per_fact"] >= check["x_is_z"]["per_fact"] > 0
   assert check["x"]["share"] >= check["x_is_z"]["share"] and check["x"]["share"] == 1.0

@@ -14,7 +14,9 @@ from data_prep import blocks
 from data_prep import squad
 from data_prep import wiki
 from experiments import assets
+from experiments import common
 from experiments import real_text
+from experiments import text_stages
 from realm_tf.openqa import inputs as inputs_lib
 
 # From the enwiki dump's Anarchism page (assets/wikipedia): the reference holds an unmatched
@@ -48,7 +50,7 @@ def test_squad_titles_are_display_titles():
   assert squad.display_title("Sky_(United_Kingdom)") == "Sky (United Kingdom)"
   assert squad.display_title("Beyonc%C3%A9") == "Beyoncé"
   # BM25's words: the underscore form hides the title's words from every question.
-  words = real_text.bm25_tokens(["Super_Bowl_50", squad.display_title("Super_Bowl_50")])
+  words = text_stages.bm25_tokens(["Super_Bowl_50", squad.display_title("Super_Bowl_50")])
   assert words == [["super_bowl_50"], ["super", "bowl", "50"]]
 
 
@@ -77,7 +79,7 @@ def test_mixed_corpus_input(tmp_path):
 
 def reference_bm25(documents, queries, k1=1.5, b=0.75):
   """Lucene's BM25 by its formula, scores ``[q, d]``, over the same words."""
-  docs = real_text.bm25_tokens(documents)
+  docs = text_stages.bm25_tokens(documents)
   lengths = np.array([len(d) for d in docs], float)
   average = lengths.mean()
   df = {}
@@ -85,7 +87,7 @@ def reference_bm25(documents, queries, k1=1.5, b=0.75):
     for w in set(d):
       df[w] = df.get(w, 0) + 1
   scores = np.zeros([len(queries), len(docs)])
-  for qi, query in enumerate(real_text.bm25_tokens(queries)):
+  for qi, query in enumerate(text_stages.bm25_tokens(queries)):
     for w in query:
       if w not in df:
         continue
@@ -132,7 +134,7 @@ def test_tiny_run_end_to_end(tiny_run):
   seen = [t for titles in split.values() for t in titles]
   assert len(seen) == len(set(seen)) == 4
   assert split["test"] == ["Nikola Tesla"]
-  test = real_text.test_questions(work, 0)
+  test = text_stages.test_questions(work, 0)
   assert len(test) == stages["questions"]["questions"]["test"] == stages["bm25"][
       "test_questions"] > 10
 
@@ -145,7 +147,7 @@ def test_tiny_run_end_to_end(tiny_run):
                                atol=1e-5)
   ref_top = np.argsort(-want, axis=1, kind="stable")[:, :20]
   bodies = [b["body"] for b in got]
-  assert real_text.recall_at(ref_top, bodies, test) == pytest.approx(
+  assert text_stages.recall_at(ref_top, bodies, test) == pytest.approx(
       {k: v for k, v in stages["bm25"].items() if k.startswith("recall")})
   # Recall is monotone in k, and at k >= the corpus it is the share of answerable questions.
   r = stages["bm25"]
@@ -159,9 +161,9 @@ def test_tiny_run_end_to_end(tiny_run):
 def test_tiny_run_minilm_and_tables(tiny_run):
   out, stages = tiny_run
   work = os.path.join(out, "work")
-  test = real_text.test_questions(work, 0)
+  test = text_stages.test_questions(work, 0)
   # The one encoder pass gives exactly the converted tower's own embeddings.
-  tower = real_text.TowerPass(os.path.join(work, "minilm_model"))
+  tower = text_stages.TowerPass(os.path.join(work, "minilm_model"))
   questions = [r.question for r in test[:3]]
   want = tower.embedder.embed_queries(questions)
   np.testing.assert_allclose(np.load(os.path.join(work, "minilm", "question_emb.npy"))[:3], want,
@@ -182,7 +184,7 @@ def test_tiny_run_minilm_and_tables(tiny_run):
     for k in real_text.TOP_K:
       lo, value, hi = (float(row[f"recall@{k}{s}"]) for s in ("_lo", "", "_hi"))
       assert 0.0 <= lo <= value <= hi <= 1.0 and hi - lo > 0.0
-      assert (lo, hi) == pytest.approx(real_text.wilson_interval(round(value * len(test)),
+      assert (lo, hi) == pytest.approx(common.wilson_interval(round(value * len(test)),
                                                                  len(test)), abs=1e-4)
   md = open(os.path.join(out, "results", "real_text_retrieval.md")).read()
   assert "| BM25 |" in md and f"| {real_text.MINILM_ICT} |" in md and "ICT: 4 steps" in md
@@ -227,8 +229,8 @@ def test_tiny_run_ict(tiny_run):
   for n in names:  # ... and close to them after 4 steps
     np.testing.assert_allclose(start.get_tensor(n), trained.get_tensor(n), atol=0.05)
   # The row's question embeddings are the ICT tower's own.
-  tower = real_text.TowerPass(ict_dir)
-  test = real_text.test_questions(work, 0)
+  tower = text_stages.TowerPass(ict_dir)
+  test = text_stages.test_questions(work, 0)
   np.testing.assert_allclose(np.load(os.path.join(work, "ict", "question_emb.npy"))[:3],
                              tower.embedder.embed_queries([r.question for r in test[:3]]),
                              atol=2e-4)
@@ -257,7 +259,7 @@ def test_tiny_run_openqa(tiny_run):
   gold, before, after, bm25 = rows
   assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
   # Stage A ran, Open-QA started from its reader, and its gold row is the test sample's.
-  assert real_text.reader_start(work) == os.path.join(work, "gold_reader")
+  assert text_stages.reader_start(work) == os.path.join(work, "gold_reader")
   assert int(gold["checkpoint_step"]) == stages["gold_reader"]["steps"] > 0
   assert stages["gold_test"]["test_file"] == result["test_file"]
   with open(os.path.join(work, "gold_reader", "test_predictions.jsonl")) as f:
@@ -269,8 +271,8 @@ def test_tiny_run_openqa(tiny_run):
   from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
   bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
   sample, _ = qa.read_qa(result["test_file"])
-  chosen = real_text.qa_subset(work, "test", 8, 0)[1]
-  first = real_text.first_hits(np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen],
+  chosen = text_stages.qa_subset(work, "test", 8, 0)[1]
+  first = text_stages.first_hits(np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen],
                                bodies, sample)
   for k in (1, 5):
     assert float(bm25[f"top_{k}_match"]) == pytest.approx(np.mean(first < k), abs=1e-4)
@@ -287,8 +289,8 @@ def test_tiny_run_openqa(tiny_run):
       answered = [json.loads(line) for line in f]
     model = predict.OpenQA.load(train["model_dir"], os.path.join(work, "ict_index"),
                                 reader_beam_size=2, retriever_beam_size=2)
-    hits = real_text.read_hits(model, sample, answered)
-    real_text.read_given_beams(model, {r["question"]: [b["block_id"] for b in r["blocks"]]
+    hits = text_stages.read_hits(model, sample, answered)
+    text_stages.read_given_beams(model, {r["question"]: [b["block_id"] for b in r["blocks"]]
                                        for r in answered})
     features = model.builder.features([inputs_lib.question_of(r) for r in sample],
                                       np.zeros([len(sample), 1], np.float32))
@@ -319,8 +321,8 @@ def test_tiny_run_openqa(tiny_run):
 
 def test_wilson_interval_and_budget():
   # A textbook value: 8 of 10 -> [0.490, 0.943].
-  assert real_text.wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
-  assert real_text.wilson_interval(0, 8)[0] == 0.0 and real_text.wilson_interval(8, 8)[1] == 1.0
+  assert common.wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+  assert common.wilson_interval(0, 8)[0] == 0.0 and common.wilson_interval(8, 8)[1] == 1.0
   with pytest.raises(real_text.RealTextError, match="reader_beam_size"):
     dataclasses.replace(TINY_BUDGET, reader_beam_size=9).check()
   with pytest.raises(real_text.RealTextError, match="ict_steps"):

@@ -1,12 +1,14 @@
-"""experiments/stages.py's scheduler: progress lines from checkpoint files, and processes run
-side by side that fail loudly."""
+"""experiments/stages.py: the scheduler (progress lines from checkpoint files, processes run
+side by side that fail loudly) and the settings that reach a trainer as a config object."""
 
 import os
 import time
 
 import pytest
 
+from experiments import assets
 from experiments import stages
+from realm_tf import configs
 
 
 def _checkpoint(model_dir, step):
@@ -60,3 +62,31 @@ def test_runs_wait_for_their_followers_and_respect_the_limit(tmp_path):
   # One run at a time: each run's processes started after the previous run's ended.
   ends = [os.path.getmtime(tmp_path / f"{n}.log") for n in ("one", "two", "three")]
   assert ends == sorted(ends)
+
+
+def test_settings_nest_and_reach_the_config_as_typed_values():
+  assert stages.nested({"a.b": 1, "a.c.d": [2], "e": "x"}) == {"a": {"b": 1, "c": {"d": [2]}},
+                                                                "e": "x"}
+  params = stages.experiment_params("openqa_cpu", [stages.config("openqa_cpu")], dict(
+      stages.schedule(7, 2e-5), **stages.intervals(3), **stages.runtime(stages.Recipe())))
+  assert params.trainer.train_steps == 7 and params.trainer.checkpoint_interval == 3
+  rate = params.trainer.optimizer_config.learning_rate.polynomial
+  assert rate.initial_learning_rate == 2e-5 and rate.decay_steps == 7
+  with pytest.raises(Exception, match="no_such_key"):
+    stages.experiment_params("openqa_cpu", [], {"task.no_such_key": 1})
+
+
+def test_a_config_written_for_a_process_loads_back_equal(tmp_path):
+  """What a trainer process reads (``write_params``'s YAML through ``realm-train
+  --config_file``) is the config object the stage built, field for field."""
+  recipe = stages.Recipe(realm_steps=12, refresh_every=4, precision="bfloat16")
+  data = stages.PretrainData("/d/pretrain", "/d/blocks", "/d/eval")
+  params = stages.realm_params(recipe, os.path.join(assets.ROOT, "vocab",
+                                                    "bert-base-uncased-vocab.txt"),
+                               data, "/d/index", "/d/ict", "/d/reader", validate_every=8, seed=3,
+                               qa_eval="/d/qa.jsonl", more={"task.lr_retriever": 0.5})
+  path = stages.write_params(params, str(tmp_path / "run.yaml"))
+  back = configs.load_experiment("realm_pretrain_cpu", [path])
+  assert back.as_dict() == params.as_dict()
+  assert back.task.lr_retriever == 0.5 and back.trainer.validation_interval == 8
+  assert back.runtime.mixed_precision_dtype == "bfloat16" and back.task.train_data.seed == 3

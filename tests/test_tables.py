@@ -13,10 +13,10 @@ import statistics
 
 import pytest
 
+from experiments import recipe_flags
 from experiments import stages
 from experiments import table_seed
 from experiments import tables
-from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.modeling.models import RealmPretrainer
 
@@ -172,13 +172,23 @@ def test_fingerprints_follow_the_code_and_the_settings(tmp_path):
   assert table_seed.code_fingerprint(str(tmp_path)) == before
   (tmp_path / "realm_tf/tasks/t.py").write_text("x = 2\n")
   assert table_seed.code_fingerprint(str(tmp_path)) != before
-  if not tables.FLAGS.is_parsed():
-    tables.FLAGS(["tables"])
-  config = table_seed.settings()
-  assert config["realm_steps"] == tables.FLAGS.realm_steps and "yaml:ict_cpu__demo.yaml" in config
-  other = dict(config, lr_retriever=0.5)
+  config = table_seed.settings(stages.Recipe(), table_seed.TableSettings())
+  assert config["realm_steps"] == 1000 and "yaml:ict_cpu__demo.yaml" in config
+  other = table_seed.settings(stages.Recipe(), table_seed.TableSettings(lr_retriever=0.5))
   assert table_seed.config_fingerprint(other) != table_seed.config_fingerprint(config)
   assert table_seed.config_fingerprint(dict(config)) == table_seed.config_fingerprint(config)
+  # The default recipe and table settings are the six committed seeds' (the same fingerprint).
+  with open(os.path.join(tables.RESULTS, "tables", "seed0.json")) as f:
+    assert table_seed.config_fingerprint(config) == json.load(f)["fingerprints"]["config"]
+
+
+def test_the_flags_give_the_default_recipe_and_table_settings():
+  """Each flag of experiments/recipe_flags.py and of experiments.tables defaults to its field's
+  default, so a seed run with no flag is the default recipe's."""
+  if not tables.FLAGS.is_parsed():
+    tables.FLAGS(["tables"])
+  assert recipe_flags.recipe() == stages.Recipe()
+  assert tables.table_settings() == table_seed.TableSettings()
 
 
 def test_split_by_coverage_against_a_direct_count(tmp_path):
@@ -195,10 +205,8 @@ def test_split_by_coverage_against_a_direct_count(tmp_path):
 def _random_model_dir(path, vocab):
   """A REALM model directory (model config, vocabulary, ckpt-1) of random weights in the
   demo's shapes (realm_pretrain_cpu with its __demo.yaml)."""
-  params = configs.load_experiment(
-      "realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
-      f"task.model.vocab_file={vocab},task.model.retriever.encoder.vocab_size="
-      f"{stages.vocab_size(vocab)},task.model.reader.encoder.vocab_size={stages.vocab_size(vocab)}")
+  params = stages.experiment_params("realm_pretrain_cpu", [stages.config("realm_pretrain_cpu")],
+                                    stages.towers(vocab))
   model = RealmPretrainer.from_config_dataclass(params.task.model)
   for tower in (model.query_embedder, model.block_embedder, model.reader):
     tower.build_from_length()

@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from experiments.benchmarks import bench_train_loop
 from realm_tf import configs
+from realm_tf import modeling
 from realm_tf import train_lib
 from realm_tf.binaries import cli
 from realm_tf.tasks import realm_pretrain
@@ -191,7 +192,6 @@ def bench_query_tower(params, batches):
   """The host's query-tower snapshot (``CandidateBuilder`` builds it while the trainer's
   global policy is set, so under ``bfloat16`` it computes in bfloat16 on the host CPU):
   forward queries/s per policy, interleaved, with the params' encoder shape."""
-  from realm_tf import modeling  # pylint: disable=g-import-not-at-top
   inputs = [{"input_word_ids": b["query_word_ids"], "input_mask": b["query_mask"],
              "input_type_ids": b["query_type_ids"]} for b in batches]
   rates = {"float32": [], "bfloat16": []}

@@ -40,8 +40,14 @@ import time
 
 from absl import flags
 import numpy as np
+import tensorflow as tf
 
+from realm_tf import configs
 from realm_tf.binaries import cli
+from realm_tf.data import block_store
+from realm_tf.data import features as features_lib
+from realm_tf.data import manifests
+from realm_tf.retrieval import candidates
 
 flags.DEFINE_integer("num_blocks", 20000, "Blocks in the corpus (1000000 for the full size).")
 flags.DEFINE_integer("before_max_blocks", 100000, "Largest corpus the before path reads; "
@@ -85,9 +91,6 @@ def _chunk(start, stop, seed, words):
 
 def write_corpus(blocks_dir, n, seed):
   """Writes (or reuses) the synthetic blocks directory of ``n`` blocks."""
-  from realm_tf.data import features as features_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   path = os.path.join(blocks_dir, manifests.MANIFEST)
   if os.path.exists(path):
     with open(path) as f:
@@ -135,7 +138,6 @@ class DenseBuilder:
   ``[n + 1, Lb]`` arrays, a uid array, body token and text lists, loops per candidate."""
 
   def __init__(self, blocks, config, cls_id, sep_id):
-    from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
     self.config, self.k = config, config.num_candidates
     self.null_row = len(blocks)
     self.uids = np.array([b["uid"] for b in blocks] + [""])
@@ -190,9 +192,6 @@ def _status():
 
 def _warm_up(blocks_dir):
   """Starts TensorFlow's runtime and tf.data, which both paths use, before measuring."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import features as features_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
   files = manifests.shard_files(blocks_dir, manifests.BLOCKS_PREFIX)
   for _ in tf.data.TFRecordDataset(files[:1]).take(4).batch(2).as_numpy_iterator():
     pass
@@ -219,10 +218,6 @@ def _batches(n, batch_size, k, seed, slack=4):
 
 def run_role(role, blocks_dir):
   """One measurement in this process; returns a dict (printed as JSON)."""
-  from realm_tf import configs  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import manifests  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import candidates  # pylint: disable=g-import-not-at-top
   config = configs.RealmModelConfig(num_candidates=FLAGS.num_candidates)
   _warm_up(blocks_dir)
   n = int(manifests.load_blocks_manifest(blocks_dir)["num_blocks"])

@@ -230,6 +230,7 @@ class _Raw:
   """A raw ScaNN searcher, searched with explicit leaves and reordering depth."""
 
   def __init__(self, vectors, leaves, soar, float_reorder):
+    # ScaNN's raw API (heavy, optional): loaded only by the raw rows' child processes.
     from scann.scann_ops.py import scann_builder  # pylint: disable=g-import-not-at-top
     from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
     start = time.perf_counter()

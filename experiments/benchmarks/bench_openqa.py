@@ -108,6 +108,7 @@ def make_synthetic(work: str):
 
   Returns ``(model_dir, index_dir, questions_file)``.
   """
+  # Pulls in Apache Beam (data_prep.beam_utils), needed only without --model_dir.
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
   s = FLAGS.world_scale
   world = synthetic_world.generate_world(

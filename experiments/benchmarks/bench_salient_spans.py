@@ -49,7 +49,7 @@ def main():
   parser.add_argument("--model", default="auto")
   parser.add_argument("--batch_size", type=int, default=256)
   args = parser.parse_args()
-  import spacy
+  import spacy  # pylint: disable=g-import-not-at-top  # Heavy: not loaded for --help.
   sentences = load_sentences(args.articles, args.max_sentences)
   ours = salient_spans.SpanAnnotator(args.model, batch_size=args.batch_size)
   if not ours.has_statistical_model:

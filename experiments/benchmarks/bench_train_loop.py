@@ -23,6 +23,8 @@ import time
 from absl import flags
 import tensorflow as tf
 
+from data_prep import pipeline
+from data_prep import synthetic_world
 from realm_tf import configs
 from realm_tf import train_lib
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
@@ -42,8 +44,6 @@ CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "realm_pretrai
 
 def prepare(work):
   """World -> data -> a one-step ICT model dir -> its index (the retriever's start)."""
-  from data_prep import pipeline  # pylint: disable=g-import-not-at-top
-  from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
   s = FLAGS.world_scale
   world = synthetic_world.generate_world(
       seed=0, num_regions=round(6 * s), num_cities=round(30 * s), num_people=round(100 * s),

@@ -1,0 +1,130 @@
+"""Flags are read only where they are defined: ``experiments/stages.py`` reads none, and every
+module of ``experiments`` reads only the flags it defines or defines in a module it imports (a
+flags module such as ``experiments/recipe_flags.py``).
+
+Read from the source (the AST): ``FLAGS.name``, ``FLAGS["name"]`` and ``FLAGS.set_default("name",
+...)`` are reads; ``flags.DEFINE_*("name", ...)`` a definition. A flag per field of a dataclass
+(``for field in dataclasses.fields(Cls): define(field.name, ...)``, and the matching
+``FLAGS[f.name] for f in dataclasses.fields(Cls)``) counts as each of ``Cls``'s fields.
+"""
+
+import ast
+import dataclasses
+import importlib
+import os
+from typing import Dict, Set
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# FlagValues' own methods, not flags.
+METHODS = {"is_parsed", "mark_as_parsed", "set_default", "unparse_flags", "flag_values_dict",
+           "find_module_defining_flag", "get_flag_value", "flags_by_module_dict",
+           "append_flag_values", "remove_flag_values", "read_flags_from_files", "__call__"}
+
+
+def _modules():
+  out = {}
+  for folder in ("experiments", os.path.join("experiments", "benchmarks")):
+    for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+      if name.endswith(".py") and name != "__init__.py":
+        out[f"{folder.replace(os.sep, '.')}.{name[:-3]}"] = os.path.join(ROOT, folder, name)
+  return out
+
+
+def _fields(module: str, node: ast.AST) -> Set[str]:
+  """The field names of each ``dataclasses.fields(Cls)`` under ``node`` (``Cls`` a name in
+  ``module`` or ``alias.Cls`` of a module it imports)."""
+  names = set()
+  for call in ast.walk(node):
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "fields" and call.args):
+      obj = importlib.import_module(module)
+      target = call.args[0]
+      path = []
+      while isinstance(target, ast.Attribute):
+        path.insert(0, target.attr)
+        target = target.value
+      for part in [target.id] + path:
+        obj = getattr(obj, part)
+      names |= {f.name for f in dataclasses.fields(obj)}
+  return names
+
+
+def scan(module: str, path: str):
+  """``(defined, read, imported)``: the flag names ``module`` defines and reads, and the
+  modules of ``experiments`` it imports."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  defined, read, imported = set(), set(), set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("experiments"):
+      imported |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+    elif isinstance(node, ast.Import):
+      imported |= {a.name for a in node.names if a.name.startswith("experiments")}
+    elif isinstance(node, ast.Call):
+      func = node.func
+      name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+      literal = node.args and isinstance(node.args[0], ast.Constant)
+      if name.startswith("DEFINE_") and literal:
+        defined.add(node.args[0].value)
+      if name == "set_default" and literal:
+        read.add(node.args[0].value)
+    elif isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == "FLAGS":
+      if node.attr not in METHODS:
+        read.add(node.attr)
+    elif isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "FLAGS":
+      if isinstance(node.slice, ast.Constant):
+        read.add(node.slice.value)
+  # Flags of a dataclass's fields: defined in a loop or function that defines flags, read in a
+  # comprehension that reads FLAGS[...].
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.For, ast.FunctionDef)):
+      source = ast.dump(node)
+      if "DEFINE_" in source and "attr='fields'" in source and isinstance(node, ast.For):
+        defined |= _fields(module, node)
+    if isinstance(node, (ast.DictComp, ast.ListComp, ast.GeneratorExp, ast.SetComp)):
+      if "id='FLAGS'" in ast.dump(node):
+        read |= _fields(module, node)
+  return defined, read, imported
+
+
+MODULES = _modules()
+
+
+def test_stages_read_no_flag():
+  for module in ("experiments.stages", "experiments.text_stages", "experiments.table_seed",
+                 "experiments.common"):
+    source = open(MODULES[module], encoding="utf-8").read()
+    assert "FLAGS" not in source and "absl import flags" not in source, module
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_every_flag_read_is_defined_here_or_in_an_imported_module(module):
+  scans: Dict[str, tuple] = {}
+
+  def get(name):
+    if name not in scans:
+      scans[name] = scan(name, MODULES[name])
+    return scans[name]
+
+  defined, read, imported = get(module)
+  for other in imported:
+    if other in MODULES:
+      defined = defined | get(other)[0]
+  assert read <= defined, (f"{module} reads flags it neither defines nor imports from a flags "
+                           f"module: {sorted(read - defined)}")
+
+
+def test_the_scan_sees_a_flag_read_that_is_defined_nowhere(tmp_path, monkeypatch):
+  """The check can fail: a module reading a flag of a module it does not import is caught, and
+  a dataclass's flags count as its fields."""
+  (tmp_path / "planted_flags.py").write_text(
+      "import dataclasses\nfrom absl import flags\nFLAGS = flags.FLAGS\n"
+      "@dataclasses.dataclass\nclass S:\n  alpha: int = 1\n"
+      "def define():\n  for f in dataclasses.fields(S):\n    flags.DEFINE_integer(f.name, 1, '')\n"
+      "def main():\n  return S(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(S)}), "
+      "FLAGS.beta\n")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  defined, read, _ = scan("planted_flags", str(tmp_path / "planted_flags.py"))
+  assert defined == {"alpha"} and read == {"alpha", "beta"}
