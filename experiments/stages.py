@@ -319,13 +319,14 @@ def config(experiment: str) -> str:
 
 # ------------------------------------------------------------------------------ training --
 def train(clock: Clock, name: str, params, model_dir: str, seed: Optional[int] = None,
-          mode: str = "train") -> Dict[str, float]:
+          mode: str = "train", label: str = "") -> Dict[str, float]:
   """Trains ``params`` into ``model_dir`` in this process, at the cores' full width, with
-  progress lines; with ``seed``, TensorFlow's global seed is set to it first. Its last logs."""
+  progress lines (``name``'s; ``label``: the first line's, default ``name``); with ``seed``,
+  TensorFlow's global seed is set to it first. Its last logs."""
   if seed is not None:
     tf_keras.utils.set_random_seed(seed)
   steps = params.trainer.train_steps
-  clock.say(f"{name} ({steps} steps) -> {model_dir}")
+  clock.say(f"{label or name} ({steps} steps) -> {model_dir}")
   with Progress(clock, name, {name: (model_dir, steps)}):
     return train_lib.run_experiment(params, model_dir, mode=mode)
 
@@ -388,7 +389,7 @@ def train_warm_starts(clock: Clock, out: str, stages: Dict[str, WarmStart],
       settings["task.train_data.seed"] = seed
     params = experiment_params(stage.experiment, [config(stage.experiment), *stage.yaml_files],
                                settings)
-    metrics = train(clock, f"{name} warm start", params, model_dir, seed)
+    metrics = train(clock, name, params, model_dir, seed, label=f"{name} warm start")
     clock.say(f"{name} done: { {k: round(v, 4) for k, v in metrics.items()} }")
     done[name] = (model_dir, metrics)
   return done
