@@ -48,7 +48,7 @@ import tensorflow as tf
 
 from data_prep import pipeline
 from data_prep import synthetic_world
-from experiments import recipe_flags
+from experiments import recipe_flags  # noqa: F401  pylint: disable=unused-import (its flags)
 from experiments import stages
 from experiments.common import Clock
 from realm_tf import configs

@@ -8,6 +8,7 @@ import pytest
 
 from experiments import assets
 from experiments import stages
+from experiments.common import Clock
 from realm_tf import configs
 
 
@@ -26,7 +27,7 @@ def test_checkpoint_step_reads_the_newest(tmp_path):
 def test_progress_line_counts_steps_since_the_stage_began(tmp_path):
   a, b = str(tmp_path / "a"), str(tmp_path / "b")
   _checkpoint(a, 100)
-  clock = stages.Clock("t")
+  clock = Clock("t")
   progress = stages.Progress(clock, "REALM", {"a": (a, 1000), "b": (b, 1000)}, seconds=0)
   with progress:
     assert "ETA after the first checkpoint" in progress.line()
@@ -39,7 +40,7 @@ def test_progress_line_counts_steps_since_the_stage_began(tmp_path):
 
 
 def test_a_failing_job_stops_the_others_and_shows_its_log(tmp_path):
-  clock = stages.Clock("t")
+  clock = Clock("t")
   slow = stages.Job("slow", ["timeit", "-n1", "-r1", "import time; time.sleep(60)"],
                     str(tmp_path / "slow.log"))
   bad = stages.Job("bad", ["no_such_module_here"], str(tmp_path / "bad.log"))
@@ -50,7 +51,7 @@ def test_a_failing_job_stops_the_others_and_shows_its_log(tmp_path):
 
 
 def test_runs_wait_for_their_followers_and_respect_the_limit(tmp_path):
-  clock = stages.Clock("t")
+  clock = Clock("t")
   jobs = []
   for name in ("one", "two", "three"):
     jobs += [stages.Job(f"{name} follower", ["platform"], str(tmp_path / f"{name}.f.log"),
