@@ -64,11 +64,12 @@ def read_json(path: str) -> Any:
     return json.load(f)
 
 
-def write_json(path: str, obj: Any, **kwargs) -> None:
-  """``obj`` as JSON in ``path``, atomically (a reader never sees half a file)."""
+def write_json(path: str, obj: Any, **dump_args) -> None:
+  """``obj`` as JSON in ``path``, atomically (a reader never sees half a file); ``dump_args``:
+  ``json.dump``'s, default ``indent=2, sort_keys=True``."""
   tmp = path + ".tmp"
   with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, **(kwargs or dict(indent=2, sort_keys=True)))
+    json.dump(obj, f, **(dump_args or dict(indent=2, sort_keys=True)))
   os.replace(tmp, path)
 
 

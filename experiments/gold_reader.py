@@ -55,6 +55,7 @@ from data_prep import squad
 from experiments import assets
 from experiments.common import Clock
 from experiments.common import proportion
+from experiments.common import write_json
 from realm_tf import errors
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tokenization
@@ -455,8 +456,7 @@ def train(reader_dir: str, output_dir: str, squad_file: str, settings: Settings 
                  last_loss=round(float(np.mean(losses[-50:])), 4),
                  dev_exact_match=em, dev_f1=f1, train_seconds=round(train_seconds, 1),
                  seconds=round(time.time() - start_time, 1))
-  with open(os.path.join(output_dir, "done.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
+  write_json(os.path.join(output_dir, "done.json"), summary)
   say(f"gold reader: dev EM {em['value']:.3f} [{em['lo']:.3f}, {em['hi']:.3f}], F1 "
       f"{f1['value']:.3f} on {dev['questions']} dev questions; {summary['seconds']:.0f} s")
   return summary

@@ -48,6 +48,7 @@ from data_prep import synthetic_world
 from data_prep import useful_examples
 from experiments import stages
 from experiments.common import Clock
+from experiments.common import write_json
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.modeling import losses
@@ -444,8 +445,6 @@ def run_seed(clock: Clock, out: str, results_dir: str, seed: int, recipe: stages
       curves=curves)
   os.makedirs(results_dir, exist_ok=True)
   path = os.path.join(results_dir, f"seed{seed}.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f, indent=1, default=float)
-  os.replace(path + ".tmp", path)
+  write_json(path, result, indent=1, default=float)
   clock.say(f"seed {seed}: {clock.summary()} -> {path}")
   return path
