@@ -41,25 +41,42 @@ Stages, each skipped when its output exists (delete a stage's directory to redo 
    gold-paragraph row), ``openqa/`` (ORQA's fine-tuning from it, best checkpoint on dev:
    ``openqa_params``), ``openqa_eval/`` (``realm-eval``'s evaluation on the test sample)
    (``--noopenqa``: not run);
-7. ``results/real_text_retrieval.{md,csv}`` (one row per retriever, 95% Wilson intervals over
-   the questions) and ``results/real_text_openqa.{md,csv}``.
+7. with ``--realm_seeds``, REALM (``experiments/text_realm.py``): ``pretrain/`` (salient-span
+   masked sentences of every block, whole blocks held out), ``mlm_reader/`` (the reading warm
+   start of the MiniLM reader, its fresh MLM head tied to the word embeddings) and its
+   masked-span accuracy, then per seed ``realm_<seed>/`` (REALM beside ``realm-refresh``),
+   ``realm_<seed>_test/`` (its tower's test recall, as ICT's) and, with the Open-QA stages,
+   the mixed row (ORQA's model reading the REALM tower's blocks) and REALM's own Open-QA row
+   (stage A from REALM's reader, ORQA's fine-tuning from REALM's towers):
+   ``realm_<seed>_{mixed_eval,gold_reader,openqa,openqa_eval}/``; ``--norealm_test`` (dev
+   runs) stops after pre-training;
+8. ``results/real_text_retrieval.{md,csv}`` (one row per retriever, 95% Wilson intervals over
+   the questions), ``results/real_text_openqa.{md,csv}``, the per-question records
+   ``results/real_text_questions.csv`` (each retriever's first-hit rank) and
+   ``results/real_text_openqa_questions.csv`` (each Open-QA row's EM and prediction), and
+   ``results/real_text_realm.md`` (REALM's data, reader, curves and the pre-registered
+   analysis).
 
 The stages live in ``experiments/text_stages.py`` (and the shared ``experiments/stages.py``:
 training, configs, the frozen index); this driver reads the flags, runs the stages in order and
 writes the tables. The trained stages' sizes are ``text_stages.Budget``'s (flags ``--ict_*``,
 ``--openqa_*``, ...): ORQA's recipe cut to fit about 100 minutes on 2 cores
-(experiments/NOTES.md section 18). REALM pre-training is not run on this corpus.
+(experiments/NOTES.md section 18); REALM's are ``text_realm.RealmBudget``'s (section 30).
 """
 
 import csv
 import dataclasses
+import json
 import os
+import re
 from typing import Dict, List, Optional, Sequence
 
 from absl import flags
 import numpy as np
 
 from experiments import assets
+from experiments import paired
+from experiments import text_realm
 from experiments import text_stages as ts
 from experiments.common import Clock
 from experiments.common import interval_text
@@ -73,12 +90,16 @@ FLAGS = flags.FLAGS
 
 # Names the tests and callers use, from the stages.
 Budget, RealTextError, TOP_K = ts.Budget, ts.RealTextError, ts.TOP_K
+RealmBudget = text_realm.RealmBudget
 BM25 = "BM25"
 MINILM = "MiniLM (untrained REALM tower)"
 MINILM_MEAN = "MiniLM (mean-pooled, as trained)"
 MINILM_ICT = "MiniLM + ICT (REALM tower)"
 RESULTS_NAME = "real_text_retrieval"
 OPENQA_NAME = "real_text_openqa"
+REALM_NAME = "real_text_realm"
+QUESTIONS_NAME = "real_text_questions"                # per test question: each retriever's rank
+OPENQA_QUESTIONS_NAME = "real_text_openqa_questions"  # per Open-QA question: EM, prediction
 CSV_FIELDS = ("retriever", "recall@1", "recall@1_lo", "recall@1_hi", "recall@5", "recall@5_lo",
               "recall@5_hi", "recall@20", "recall@20_lo", "recall@20_hi", "test_questions",
               "blocks", "seconds")
@@ -88,26 +109,45 @@ CSV_FIELDS = ("retriever", "recall@1", "recall@1_lo", "recall@1_hi", "recall@5",
 # -------------------------------------------------------------------------------------- results --
 
 
+def realm_seeds_of(stages: Dict[str, Dict]) -> List[int]:
+  """The REALM seeds whose tower was scored on the test questions, in order."""
+  return sorted(int(k.split("_")[1]) for k in stages if re.fullmatch(r"realm_\d+", k))
+
+
+def realm_label(seed: int) -> str:
+  return f"MiniLM + ICT + REALM, seed {seed} (REALM tower)"
+
+
 def retrieval_rows(work: str, stages: Dict[str, Dict], max_questions: int) -> List[Dict]:
   """One row per retriever: its recall@k (from its stage) and their 95% Wilson intervals over
-  the test questions, from the per-question ranks of its saved top 20 (``top_ids.npy``)."""
+  the test questions, from the per-question ranks of its saved top 20 (``top_ids.npy``); each
+  row's ``first``: those ranks (the number of top blocks where none holds an answer)."""
   bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
   records = ts.test_questions(work, max_questions)
-  rows = [(dict(stages["bm25"], retriever=BM25), os.path.join("bm25", "top_ids.npy"))]
+  rows = [(dict(stages["bm25"], retriever=BM25, key="bm25"),
+           os.path.join("bm25", "top_ids.npy"))]
   if "minilm" in stages:
     minilm, seconds = stages["minilm"], stages["minilm"]["seconds"] + stages["convert"]["seconds"]
     for key, label in (("realm", MINILM), ("mean", MINILM_MEAN)):
       rows.append((dict(minilm[key], retriever=label, test_questions=minilm["test_questions"],
-                        blocks=minilm["blocks"], seconds=seconds),
+                        blocks=minilm["blocks"], seconds=seconds,
+                        key="minilm" if key == "realm" else "minilm_mean"),
                    os.path.join("minilm", f"{key}_top_ids.npy")))
   if "ict" in stages:
     ict = stages["ict"]
     seconds = ict["seconds"] + stages["ict_examples"]["seconds"] + stages["ict_train"]["seconds"]
-    rows.append((dict(ict, retriever=MINILM_ICT, seconds=seconds),
+    rows.append((dict(ict, retriever=MINILM_ICT, seconds=seconds, key="ict"),
                  os.path.join("ict", "top_ids.npy")))
+  for seed in realm_seeds_of(stages):
+    realm = stages[f"realm_{seed}"]
+    seconds = realm["seconds"] + stages[f"realm_{seed}_train"]["seconds"]
+    rows.append((dict(realm, retriever=realm_label(seed), seconds=seconds,
+                       key=f"realm_{seed}"),
+                 os.path.join(f"realm_{seed}_test", "top_ids.npy")))
   out = []
   for row, top_file in rows:
     first = ts.first_hits(np.load(os.path.join(work, top_file)), bodies, records)
+    row["first"] = first
     for k in TOP_K:
       p = proportion(first < k)
       if abs(p["value"] - row[f"recall@{k}"]) > 1e-9:
@@ -116,6 +156,17 @@ def retrieval_rows(work: str, stages: Dict[str, Dict], max_questions: int) -> Li
       row[f"recall@{k}_lo"], row[f"recall@{k}_hi"] = p["lo"], p["hi"]
     out.append(row)
   return out
+
+
+def write_question_records(path: str, records, rows: Sequence[Dict]) -> None:
+  """Per test question (in ``squad-test.jsonl`` order): each retriever's rank of its first
+  answer-bearing block in its top 20 (20: none), so that any two rows can be paired."""
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(["question_index", "question", "answers"] + [r["key"] for r in rows])
+    for i, record in enumerate(records):
+      writer.writerow([i, record.question, json.dumps(list(record.answers), ensure_ascii=False)]
+                      + [int(r["first"][i]) for r in rows])
 
 
 def _write_csv(path: str, fields: Sequence[str], rows: Sequence[Dict]) -> None:
@@ -136,6 +187,8 @@ def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> 
   os.makedirs(results, exist_ok=True)
   csv_path = os.path.join(results, RESULTS_NAME + ".csv")
   _write_csv(csv_path, CSV_FIELDS, rows)
+  write_question_records(os.path.join(results, QUESTIONS_NAME + ".csv"),
+                         ts.test_questions(work, max_questions), rows)
   corpus, questions = stages["corpus"], stages["questions"]
   lines = [
       "# Retrieval on real text: SQuAD v1.1 dev + an enwiki slice",
@@ -170,14 +223,20 @@ def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> 
               f"{budget['ict_block_seq_length']} wordpieces when training, lr "
               f"{budget['ict_learning_rate']} (ORQA: 100k steps of batch 4096, 64 and 288, "
               "lr 1e-4); evaluated on the blocks at their full length."]
-  lines += ["", "Not run here: REALM pre-training (no masked-LM reader ships with MiniLM, and "
-            "2 cores are too few).", ""]
+  if not realm_seeds_of(stages):
+    lines += ["", "No REALM row: run with --realm_seeds (experiments/text_realm.py)."]
+  else:
+    lines += ["", "REALM: pre-trained from the ICT tower with the MiniLM reader "
+              "(results/real_text_realm.md); its tower is scored as ICT's."]
+  lines.append("")
   md_path = os.path.join(results, RESULTS_NAME + ".md")
   with open(md_path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines))
   paths = {"md": md_path, "csv": csv_path}
   if "openqa_eval" in stages:
-    paths.update(write_openqa_results(results, stages))
+    paths.update(write_openqa_results(results, stages, work))
+  if "pretrain_data" in stages:
+    paths.update(write_realm_results(results, stages))
   return paths
 
 
@@ -192,10 +251,54 @@ OPENQA_GOLD = "gold paragraph (stage A reader, no retrieval)"
 OPENQA_BM25 = "BM25 top blocks + the same fine-tuned reader"
 
 
+def mixed_label(seed: int) -> str:
+  return f"REALM tower (seed {seed}) top blocks + the same fine-tuned reader (mixed row)"
+
+
+def realm_openqa_label(seed: int) -> str:
+  return f"REALM, seed {seed}: its towers + its reader through stage A, fine-tuned"
+
+
+def openqa_sources(stages: Dict[str, Dict]) -> Dict[str, str]:
+  """Per Open-QA row with per-question outputs: its key and its predictions file."""
+  sources = {"gold": os.path.join("gold_reader", "test_predictions.jsonl"),
+             "orqa": os.path.join("openqa_eval", "predictions_with_evidence.jsonl"),
+             "bm25": os.path.join("bm25_reader_eval", "predictions_with_evidence.jsonl")}
+  for seed in realm_seeds_of(stages):
+    if f"realm_{seed}_openqa_eval" in stages:
+      for key in (f"realm_{seed}_mixed", f"realm_{seed}_openqa"):
+        sources[key] = os.path.join(f"{key}_eval", "predictions_with_evidence.jsonl")
+  return {k: v for k, v in sources.items()
+          if k != "gold" or "gold_test" in stages}
+
+
+def write_openqa_records(path: str, work: str, test_file: str, sources: Dict[str, str]) -> None:
+  """Per Open-QA test question (in ``test_file`` order): each row's exact match (0/1) and
+  predicted answer."""
+  with open(test_file, encoding="utf-8") as f:
+    questions = [json.loads(line) for line in f if line.strip()]
+  columns = {}
+  for key, source in sources.items():
+    with open(os.path.join(work, source), encoding="utf-8") as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    if [r["question"] for r in rows] != [q["question"] for q in questions]:
+      raise RealTextError(f"{os.path.join(work, source)}: not the questions of {test_file}")
+    columns[key] = [(int(bool(r["correct"] if "correct" in r else r["em"])), r["prediction"])
+                    for r in rows]
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(["question_index", "question"]
+                    + [f"{k}_{c}" for k in columns for c in ("em", "prediction")])
+    for i, q in enumerate(questions):
+      writer.writerow([i, q["question"]] + [x for k in columns for x in columns[k][i]])
+
+
 def openqa_rows(evaluation: Dict, training: Dict, gold: Optional[Dict] = None,
-                gold_step: int = 0, bm25: Optional[Dict] = None) -> List[Dict]:
+                gold_step: int = 0, bm25: Optional[Dict] = None,
+                more: Sequence[tuple] = ()) -> List[Dict]:
   """The table's rows: the gold paragraph (``gold``: stage A's reader after ``gold_step``
-  steps), before and after fine-tuning, and BM25's blocks read by the same reader."""
+  steps), before and after fine-tuning, BM25's blocks read by the same reader, then ``more``:
+  ``(label, evaluation stage, checkpoint step)`` rows (REALM's) on the same questions."""
   rows = []
   runs = [(OPENQA_BEFORE, evaluation["before"], 0),
           (OPENQA_AFTER, evaluation["after"], training["best_step"])]
@@ -204,6 +307,11 @@ def openqa_rows(evaluation: Dict, training: Dict, gold: Optional[Dict] = None,
       raise RealTextError(f"the BM25 row read {bm25['test_file']}, the Open-QA evaluation "
                           f"{evaluation['test_file']}: not the same questions")
     runs.append((OPENQA_BM25, bm25["after"], training["best_step"]))
+  for label, other, step in more:
+    if other["test_file"] != evaluation["test_file"]:
+      raise RealTextError(f"the row {label!r} read {other['test_file']}, the Open-QA "
+                          f"evaluation {evaluation['test_file']}: not the same questions")
+    runs.append((label, other["after"], step))
   if gold is not None:
     if gold["test_file"] != evaluation["test_file"]:
       raise RealTextError(f"the gold-paragraph row read {gold['test_file']}, the Open-QA "
@@ -220,13 +328,21 @@ def openqa_rows(evaluation: Dict, training: Dict, gold: Optional[Dict] = None,
   return rows
 
 
-def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]:
+def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Dict[str, str]:
   """``results/real_text_openqa.{md,csv}``: EM and top-k match before and after fine-tuning,
   each with its 95% Wilson interval over the test questions."""
   evaluation, training, budget = stages["openqa_eval"], stages["openqa_train"], stages["budget"]
   gold = stages.get("gold_reader")
+  more = []
+  for seed in realm_seeds_of(stages):
+    if f"realm_{seed}_openqa_eval" in stages:
+      more += [(mixed_label(seed), stages[f"realm_{seed}_mixed"], training["best_step"]),
+               (realm_openqa_label(seed), stages[f"realm_{seed}_openqa_eval"],
+                stages[f"realm_{seed}_openqa_train"]["best_step"])]
   rows = openqa_rows(evaluation, training, stages.get("gold_test"),
-                     gold["steps"] if gold else 0, stages.get("bm25_reader"))
+                     gold["steps"] if gold else 0, stages.get("bm25_reader"), more)
+  write_openqa_records(os.path.join(results, OPENQA_QUESTIONS_NAME + ".csv"),
+                       work, evaluation["test_file"], openqa_sources(stages))
   csv_path = os.path.join(results, OPENQA_NAME + ".csv")
   _write_csv(csv_path, OPENQA_FIELDS, rows)
   dev = training["dev"].get("exact_match", [])
@@ -283,6 +399,106 @@ def write_openqa_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str
   return {"openqa_md": md_path, "openqa_csv": csv_path}
 
 
+def first_last(curve: Sequence) -> str:
+  """A validation curve ``[[step, value], ...]`` as "first -> last (at step N)"."""
+  if not curve:
+    return "-"
+  return f"{curve[0][1]:.3f} -> {curve[-1][1]:.3f} (step {curve[-1][0]})"
+
+
+CURVE_TAGS = ("recall@5", "qa_recall@5", "retrieval_utility")
+
+
+def plot_realm_curves(path: str, runs: Dict[int, Dict]) -> str:
+  """Each REALM seed's validation curves (``CURVE_TAGS``, one panel each) over its steps."""
+  # Inside: matplotlib's backend is chosen before pyplot is imported, and only for the plot.
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  titles = {"recall@5": "held-out sentences: recall@5", "qa_recall@5": "dev questions: recall@5",
+            "retrieval_utility": "held-out sentences: retrieval utility (nats)"}
+  fig, axes = plt.subplots(1, len(CURVE_TAGS), figsize=(4.5 * len(CURVE_TAGS), 3.6))
+  for ax, tag in zip(axes, CURVE_TAGS):
+    for seed, run in sorted(runs.items()):
+      curve = run["validation"].get(tag, [])
+      if curve:
+        ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", label=f"seed {seed}")
+    ax.set_title(titles[tag], fontsize=10)
+    ax.set_xlabel("pre-training step")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle("REALM pre-training on real text (validation)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]:
+  """``results/real_text_realm.md``: the pre-training data's counts, the MLM reader's
+  masked-span accuracy, each REALM run's curves and, once every seed has all its rows, the
+  pre-registered analysis (``text_realm.analysis``, computed from the per-question records)."""
+  data = stages["pretrain_data"]
+  labels = ", ".join(f"{k} {v}" for k, v in sorted(data["spans_by_label"].items(),
+                                                   key=lambda kv: -kv[1]))
+  lines = [
+      "# REALM on real text: salient-span pre-training on the corpus's own sentences", "",
+      f"Pre-training data: {data['sentences']} sentences of the blocks, "
+      f"{data['sentences_with_spans']} with a salient span ({data['annotator']}); "
+      f"{data['spans']} spans: {labels}. Examples: {data['train_examples']} training, "
+      f"{data['eval_examples']} held out (the sentences of {100 * data['eval_fraction']:.0f}% "
+      "of the blocks, never trained on). Only the blocks' text: no question or answer.", "",
+      "Masked-span accuracy of the MiniLM reader on held-out sentences (95% Wilson intervals): "
+      "per mask token and per whole span, reading the null block (the sentence alone) or the "
+      "sentence's own block (the trivial retrieval REALM forbids: the ceiling).", "",
+      "| reader | sentences | null: token | null: span | own block: token | own block: span |",
+      "|---|---|---|---|---|---|"]
+  for key, label in (("reader_start_accuracy", "converted MiniLM, fresh MLM head"),
+                     ("mlm_reader_accuracy",
+                      f"after the reading warm start ({stages['mlm_reader']['steps']} steps)")):
+    if key in stages:
+      a = stages[key]
+      cells = [interval_text(**a[b][u]) for b in ("null", "own_block") for u in ("token", "span")]
+      lines.append(f"| {label} | {a['sentences']} | {' | '.join(cells)} |")
+  seeds = sorted(int(k.split("_")[1]) for k in stages if re.fullmatch(r"realm_\d+_train", k))
+  if seeds:
+    lines += ["", "REALM pre-training (validation: held-out sentences' recall@5 and retrieval "
+              "utility, dev questions' zero-shot recall@5; first -> last):", "",
+              "| seed | steps | minutes | indexes built | mean index age | held-out recall@5 | "
+              "retrieval utility | dev recall@5 |", "|---|---|---|---|---|---|---|---|"]
+    for seed in seeds:
+      r = stages[f"realm_{seed}_train"]
+      v = r["validation"]
+      age = r["index_age"]["mean"]
+      lines.append(f"| {seed} | {r['steps']} | {r['seconds'] / 60:.1f} | {r['indexes_built']} | "
+                   f"{'-' if age is None else f'{age:.1f}'} | "
+                   f"{first_last(v.get('recall@5', []))} | "
+                   f"{first_last(v.get('retrieval_utility', []))} | "
+                   f"{first_last(v.get('qa_recall@5', []))} |")
+    plot = plot_realm_curves(os.path.join(results, REALM_NAME + ".png"),
+                             {seed: stages[f"realm_{seed}_train"] for seed in seeds})
+    lines += ["", f"![curves]({os.path.basename(plot)})"]
+  tested = [s for s in realm_seeds_of(stages) if f"realm_{s}_openqa_eval" in stages]
+  lines += ["", "## The pre-registered analysis (experiments/NOTES.md section 30)", ""]
+  if tested and tested == realm_seeds_of(stages) == seeds:
+    runs = text_realm.runs_from_records(os.path.join(results, QUESTIONS_NAME + ".csv"),
+                                        os.path.join(results, OPENQA_QUESTIONS_NAME + ".csv"),
+                                        tested)
+    result = text_realm.analysis(runs)
+    lines += [f"Seeds {', '.join(map(str, tested))}; every REALM run starts from the one ICT "
+              "tower and MiniLM reader, and ORQA is one run: the interval over seeds is "
+              "REALM's own spread.", "", "Primary (Holm over both):"]
+    lines += [paired.analysis_line(c) for c in result["primary"]]
+    lines += ["", "Secondary (95%, unadjusted):"]
+    lines += [paired.analysis_line(c) for c in result["secondary"]]
+  else:
+    lines.append("Not computed: it needs every REALM seed's test recall and Open-QA rows.")
+  path = os.path.join(results, REALM_NAME + ".md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  return {"realm_md": path}
+
+
 STAGE_NAMES = ("corpus", "spans", "questions", "bm25", "convert", "minilm", "ict_examples",
                "ict_train", "ict")
 
@@ -319,7 +535,8 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
                    split_fractions: Sequence[float] = (0.6, 0.2, 0.2),
                    salient_spans: bool = True, minilm: bool = True, seed: int = 0,
                    batch_size: int = 32, ict: bool = True, openqa: bool = True,
-                   budget: Budget = Budget()) -> Dict:
+                   budget: Budget = Budget(), realm_seeds: Sequence[int] = (),
+                   realm_budget: RealmBudget = RealmBudget(), realm_test: bool = True) -> Dict:
   """Every stage (module docstring); returns their summaries and the results' paths."""
   out = os.path.abspath(output_dir)
   work = os.path.join(out, "work")
@@ -333,7 +550,11 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
   if openqa and not ict:
     raise RealTextError("Open-QA fine-tunes from the ICT retriever: drop --noict or pass "
                         "--noopenqa")
+  if realm_seeds and not (ict and salient_spans):
+    raise RealTextError("REALM pre-trains from the ICT retriever on the salient spans: drop "
+                        "--noict and --nosalient_spans, or pass --realm_seeds=''")
   budget.check()
+  realm_budget.check()
   options = dict(
       squad_file=os.path.abspath(squad_file), vocab_file=os.path.abspath(vocab_file),
       wiki_dump=os.path.abspath(wiki_dump) if wiki_dump else "",
@@ -347,6 +568,9 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
   if openqa:
     options.update({k: v for k, v in dataclasses.asdict(budget).items()
                     if not k.startswith("ict_")})
+  if realm_seeds:
+    # A REALM run's own settings are checked against its done file (run_realm).
+    options.update({f"realm.{k}": v for k, v in realm_budget.shared().items()})
   clock = Clock("real_text")
   check_options(clock, work, options)
   once = clock.once
@@ -375,11 +599,15 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
                                lambda: ts.train_ict(clock, work, vocab_file, budget, seed))
     stages["ict"] = once("ICT retrieval", os.path.join(work, "ict", "done.json"), lambda: (
         ts.run_ict_retrieval(work, max_questions, batch_size, block_seq_length)))
-  if openqa:
+  if openqa or realm_seeds:
     stages["reader_convert"] = once(
         "MiniLM reader conversion", os.path.join(work, "minilm_reader_model_done.json"),
         lambda: ts.convert_reader(minilm_dir, vocab_file,
                                   os.path.join(work, "minilm_reader_model")))
+  if realm_seeds:
+    stages.update(run_realm(clock, work, vocab_file, realm_seeds, realm_budget,
+                            max_questions, batch_size, block_seq_length, seed, realm_test))
+  if openqa:
     stages["gold_reader"] = once(
         "Gold-paragraph reader (stage A)", os.path.join(work, "gold_reader_done.json"),
         lambda: ts.train_gold_reader(work, squad_file, budget, seed, max_articles,
@@ -397,6 +625,10 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
     stages["bm25_reader"] = once(
         "BM25 + the reader", os.path.join(work, "bm25_reader_eval", "done.json"),
         lambda: ts.evaluate_bm25_reader(work, budget, seed, max_questions))
+    if realm_seeds and realm_test:
+      stages.update(run_realm_openqa(clock, work, vocab_file, squad_file, realm_seeds, budget,
+                                     seed, max_articles, max_paragraphs, max_questions,
+                                     block_seq_length))
   stages["results"] = write_results(out, stages, max_questions)
   labels = [(BM25, stages["bm25"])]
   if "minilm" in stages:
@@ -413,6 +645,84 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
               f"{e['after']['top_5_match']['value']:.3f} ({e['test_questions']} test questions)")
   clock.say(f"finished in {clock.minutes() * 60:.1f} s; tables in {stages['results']['md']}")
   return stages
+
+
+def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
+              budget: RealmBudget, max_questions: int, batch_size: int,
+              block_seq_length: int, seed: int, test: bool = True) -> Dict[str, Dict]:
+  """REALM's stages (``experiments/text_realm.py``): the pre-training sentences, the MiniLM
+  reader's reading warm start and its masked-span accuracy, then for each pre-training seed
+  REALM beside its refresher and (``test``) its tower's test recall. Dev runs pass
+  ``test=False``: their choices see dev questions and held-out sentences only."""
+  once, out = clock.once, {}
+  out["pretrain_data"] = once(
+      "REALM pre-training sentences", os.path.join(work, "pretrain_done.json"),
+      lambda: text_realm.make_pretrain_examples(work, vocab_file, budget))
+  out["reader_start_accuracy"] = once(
+      "Masked-span accuracy of the converted reader",
+      os.path.join(work, "minilm_reader_accuracy.json"),
+      lambda: text_realm.masked_span_accuracy(work, os.path.join(work, "minilm_reader_model"),
+                                              budget))
+  out["mlm_reader"] = once(
+      "MLM reader (reading warm start)", os.path.join(work, "mlm_reader_done.json"),
+      lambda: text_realm.train_reader(clock, work, vocab_file, budget, seed))
+  out["mlm_reader_accuracy"] = once(
+      "Masked-span accuracy of the MLM reader", os.path.join(work, "mlm_reader_accuracy.json"),
+      lambda: text_realm.masked_span_accuracy(work, os.path.join(work, text_realm.READER_DIR),
+                                              budget))
+  for s in seeds:
+    done = os.path.join(work, f"realm_{s}_done.json")
+    if os.path.exists(done) and read_json(done)["budget"] != budget.per_run():
+      raise RealTextError(f"{done}: REALM seed {s} ran with {read_json(done)['budget']}, not "
+                          f"{budget.per_run()}; use another seed, or delete it and "
+                          f"realm_{s}/ to run it again")
+    out[f"realm_{s}_train"] = once(
+        f"REALM pre-training, seed {s}", done,
+        lambda s=s: text_realm.pretrain_realm(clock, work, vocab_file, budget, s))
+    if not test:
+      continue
+    out[f"realm_{s}"] = once(
+        f"REALM retrieval, seed {s}", os.path.join(work, f"realm_{s}_test", "done.json"),
+        lambda s=s: ts.run_tower_retrieval(work, text_realm.realm_dir(work, s),
+                                           f"realm_{s}_test", max_questions, batch_size,
+                                           block_seq_length))
+  return out
+
+
+def run_realm_openqa(clock: Clock, work: str, vocab_file: str, squad_file: str,
+                     seeds: Sequence[int], budget: Budget, seed: int, max_articles: int,
+                     max_paragraphs: int, max_questions: int,
+                     block_seq_length: int) -> Dict[str, Dict]:
+  """Open-QA rows of each REALM seed on the Open-QA test sample: the paper's mixed row (ORQA's
+  fine-tuned model reading the REALM tower's top blocks), then REALM itself: stage A from
+  REALM's pre-trained reader and ORQA's fine-tuning from REALM's towers over their index."""
+  once, out = clock.once, {}
+  for s in seeds:
+    name = f"realm_{s}"
+    out[f"{name}_mixed"] = once(
+        f"REALM retriever + ORQA's reader, seed {s}",
+        os.path.join(work, f"{name}_mixed_eval", "done.json"),
+        lambda s=s: ts.evaluate_bm25_reader(work, budget, seed, max_questions,
+                                            retriever=f"realm_{s}_test",
+                                            out=f"realm_{s}_mixed_eval"))
+    out[f"{name}_gold_reader"] = once(
+        f"Stage A from REALM's reader, seed {s}", os.path.join(work, f"{name}_gold_done.json"),
+        lambda s=s: ts.train_gold_reader(work, squad_file, budget, s, max_articles,
+                                         max_paragraphs, clock.say, start=f"realm_{s}",
+                                         name=f"realm_{s}_gold_reader"))
+    out[f"{name}_openqa_train"] = once(
+        f"Open-QA training from REALM, seed {s}", os.path.join(work, f"{name}_openqa_done.json"),
+        lambda s=s: ts.train_openqa(clock, work, vocab_file, budget, s, block_seq_length,
+                                    name=f"realm_{s}_openqa", retriever=f"realm_{s}",
+                                    index=f"realm_{s}_test_index",
+                                    reader=f"realm_{s}_gold_reader", sample_seed=seed))
+    out[f"{name}_openqa_eval"] = once(
+        f"Open-QA evaluation of REALM, seed {s}",
+        os.path.join(work, f"{name}_openqa_eval", "done.json"),
+        lambda s=s: ts.evaluate_openqa(work, budget, seed, max_questions,
+                                       name=f"realm_{s}_openqa", index=f"realm_{s}_test_index",
+                                       before=f"realm_{s}_test"))
+  return out
 
 
 def define_flags() -> None:
@@ -442,7 +752,6 @@ def define_flags() -> None:
   flags.DEFINE_integer("batch_size", 32, "Blocks per encoder call.")
   flags.DEFINE_bool("ict", True, "Also run the ICT stages (examples, training, retrieval).")
   flags.DEFINE_bool("openqa", True, "Also run the Open-QA stages (fine-tuning, test EM).")
-  defaults = Budget()
   helps = {
       "ict_steps": "ICT training steps (ORQA: 100k).",
       "ict_batch_size": "ICT batch: blocks, and so in-batch negatives (ORQA: 4096).",
@@ -467,8 +776,39 @@ def define_flags() -> None:
       "openqa_test_questions": "Test questions of the Open-QA evaluation (a seeded sample).",
       "eval_batch_size": "Questions per batch when validating and evaluating Open-QA.",
   }
-  for field in dataclasses.fields(Budget):
-    default = getattr(defaults, field.name)
+  flags.DEFINE_list("realm_seeds", [], "REALM pre-training seeds (experiments/text_realm.py): "
+                    "each a REALM run from the ICT tower beside its refresher, and its tower's "
+                    "recall (empty: no REALM stage).")
+  flags.DEFINE_bool("realm_test", True, "Score each REALM tower on the test questions (dev "
+                    "runs pass --norealm_test: their choices see no test number).")
+  helps.update({
+      "held_out_fraction": "REALM: share of blocks whose masked sentences are held out "
+                           "(validation, masked-span accuracy); never trained on.",
+      "realm_query_seq_length": "REALM: masked-sentence (query) length (the paper: 96).",
+      "realm_max_masks": "REALM: predicted wordpieces of a salient span at most.",
+      "reading_steps": "Reading warm start of the MiniLM reader (its fresh MLM head): steps.",
+      "reading_batch_size": "Reading warm start: sentences per step.",
+      "reading_learning_rate": "Reading warm start: peak learning rate.",
+      "reading_distractors": "Reading warm start: close blocks without the answer read beside "
+                             "each sentence.",
+      "realm_reader_seq_length": "REALM: reader input, query + block body (the paper: 384).",
+      "realm_block_seq_length": "REALM: block length of the towers in training and in the "
+                                "refresher's index (the test embeds blocks at "
+                                "--block_seq_length).",
+      "realm_steps": "REALM pre-training steps (the paper: 200k).",
+      "realm_batch_size": "REALM: masked sentences per step (the paper: 512).",
+      "realm_learning_rate": "REALM: peak learning rate (the paper: 3e-5).",
+      "num_candidates": "REALM: blocks read per sentence, the null block among them (the "
+                        "paper: 8).",
+      "refresh_every": "REALM: checkpoint interval, so the refresher's cadence.",
+      "validate_every": "REALM: validation interval (held-out sentences, dev questions).",
+      "validation_sentences": "REALM: held-out sentences per validation pass.",
+      "qa_dev_questions": "REALM: dev questions of validation's zero-shot recall.",
+      "accuracy_sentences": "Held-out sentences of the masked-span accuracy.",
+  })
+  defaults = dict(dataclasses.asdict(Budget()), **dataclasses.asdict(RealmBudget()))
+  for field in dataclasses.fields(Budget) + dataclasses.fields(RealmBudget):
+    default = defaults[field.name]
     define = flags.DEFINE_float if isinstance(default, float) else flags.DEFINE_integer
     define(field.name, default, helps[field.name])
 
@@ -486,7 +826,11 @@ def main(argv):
                  FLAGS.max_paragraphs, FLAGS.max_pages, FLAGS.max_questions, fractions,
                  FLAGS.salient_spans, FLAGS.minilm, FLAGS.seed, FLAGS.batch_size,
                  FLAGS.ict, FLAGS.openqa,
-                 Budget(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Budget)}))
+                 Budget(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(Budget)}),
+                 [int(x) for x in FLAGS.realm_seeds],
+                 RealmBudget(**{f.name: FLAGS[f.name].value
+                                for f in dataclasses.fields(RealmBudget)}),
+                 FLAGS.realm_test)
 
 
 def run():

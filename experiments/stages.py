@@ -457,6 +457,17 @@ def indexes_built(model_dir: str) -> int:
     return sum(line.startswith("[realm-refresh] published") for line in f)
 
 
+def index_ages(model_dir: str) -> Dict:
+  """A REALM run's index age: steps between the checkpoint whose block tower built the index a
+  batch retrieved from and the trainer's step. ``by_interval``: ``[(step, mean age over the
+  summary interval ending there)]`` (the trainer's ``index_age`` summaries; an interval is one
+  refresh period); ``mean`` and ``max`` over them."""
+  series = model_dir_lib.read_summaries(model_dir, "train").get("index_age", [])
+  values = [v for _, v in series]
+  return dict(by_interval=series, mean=sum(values) / len(values) if values else None,
+              max=max(values) if values else None)
+
+
 def realm_eval_params(recipe: Recipe, vocab: str, data: PretrainData, ict_dir: str,
                       reader_dir: str):
   """The REALM task's validation config (``realm-train --mode=eval``) over ``data``."""

@@ -333,17 +333,6 @@ def split_by_coverage(hits: Sequence[bool], data: Dict) -> Dict:
   return out
 
 
-def index_ages(model_dir: str) -> Dict:
-  """A REALM run's index age: steps between the checkpoint whose block tower built the index a
-  batch retrieved from and the trainer's step. ``by_interval``: ``[(step, mean age over the
-  summary interval ending there)]`` (the trainer's ``index_age`` summaries; an interval is one
-  refresh period); ``mean`` and ``max`` over them."""
-  series = model_dir_lib.read_summaries(model_dir, "train").get("index_age", [])
-  values = [v for _, v in series]
-  return dict(by_interval=series, mean=sum(values) / len(values) if values else None,
-              max=max(values) if values else None)
-
-
 # ------------------------------------------------------------------------------- Table 3 --
 def table3_probabilities(data: Dict, realm_dir: str, bert_dir: str) -> List[Dict]:
   """Per held-out masked sentence whose answer another block holds: ``p(y|x)`` of the span
@@ -429,7 +418,7 @@ def run_seed(clock: Clock, out: str, results_dir: str, seed: int, recipe: stages
     table3 = table3_probabilities(data, realm_dirs["realm"], warm["bert"])
   curves = {name: model_dir_lib.read_summaries(realm_dirs[name], "validation")
             for name in PLOTTED}
-  ages = {name: index_ages(model_dir) for name, model_dir in realm_dirs.items()}
+  ages = {name: stages.index_ages(model_dir) for name, model_dir in realm_dirs.items()}
   result = dict(
       seed=seed, fingerprints=fingerprints, settings={k: v for k, v in config.items()
                                                       if not k.startswith("yaml:")},

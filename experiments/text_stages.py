@@ -415,14 +415,21 @@ def train_ict(clock: Clock, work: str, vocab_file: str, budget: Budget, seed: in
 
 def run_ict_retrieval(work: str, max_questions: int, batch_size: int,
                       block_seq_length: int) -> Dict:
-  """The ICT-trained tower's recall, as the untrained row's (the same blocks at their full
-  ``block_seq_length``, the same questions at the converted model's query length, exact
-  search); then its frozen index for Open-QA (``ict_index/``: ``stages.build_index`` from the
-  same embeddings)."""
+  """The ICT-trained tower's recall, as the untrained row's, into ``ict/``; then its frozen
+  index for Open-QA, ``ict_index/`` (``run_tower_retrieval``)."""
+  return run_tower_retrieval(work, os.path.join(work, "ict_model"), "ict", max_questions,
+                             batch_size, block_seq_length)
+
+
+def run_tower_retrieval(work: str, model_dir: str, name: str, max_questions: int,
+                        batch_size: int, block_seq_length: int) -> Dict:
+  """A trained tower's recall on the test questions, as the untrained row's (the same blocks
+  at their full ``block_seq_length``, the same questions at the converted model's query
+  length, exact search): its top 20 in ``<name>/``; then its frozen index for Open-QA in
+  ``<name>_index/`` (``stages.build_index`` from the same embeddings)."""
   blocks_dir = os.path.join(work, "blocks")
   blocks = manifests.read_blocks(blocks_dir)
   records = test_questions(work, max_questions)
-  model_dir = os.path.join(work, "ict_model")
   tower = TowerPass(model_dir)
   query_length = model_dir_lib.load_config(
       os.path.join(work, "minilm_model")).retriever.query_seq_length
@@ -437,13 +444,13 @@ def run_ict_retrieval(work: str, max_questions: int, batch_size: int,
   if sorted(ids.tolist()) != list(range(len(blocks))):
     raise RealTextError(f"{blocks_dir}: block ids are not 0..{len(blocks) - 1}")
   top = ids[top_k(q_emb, block_emb, max(TOP_K))]
-  out_dir = os.path.join(work, "ict")
+  out_dir = os.path.join(work, name)
   os.makedirs(out_dir, exist_ok=True)
   np.save(os.path.join(out_dir, "top_ids.npy"), top)
   np.save(os.path.join(out_dir, "question_emb.npy"), q_emb)
   by_id = np.zeros_like(block_emb)
   by_id[ids] = block_emb
-  index_path = stages.build_index(model_dir, blocks_dir, os.path.join(work, "ict_index"),
+  index_path = stages.build_index(model_dir, blocks_dir, os.path.join(work, f"{name}_index"),
                                   embeddings=by_id)
   result = recall_at(top, [b["body"] for b in blocks], records)
   return dict(result, test_questions=len(records), blocks=len(blocks), index=index_path,
@@ -460,9 +467,9 @@ def convert_reader(minilm_dir: str, vocab_file: str, out: str) -> Dict:
                                                       targets=["reader"])}
 
 
-def qa_subset(work: str, split: str, count: int, seed: int,
-              max_questions: int = 0) -> Tuple[str, List[int]]:
-  """``qa/openqa-<split>.jsonl``: ``count`` questions of ``squad-<split>.jsonl`` (the first
+def qa_subset(work: str, split: str, count: int, seed: int, max_questions: int = 0,
+              name: str = "openqa") -> Tuple[str, List[int]]:
+  """``qa/<name>-<split>.jsonl``: ``count`` questions of ``squad-<split>.jsonl`` (the first
   ``max_questions`` of it, 0: all) drawn with ``seed``, in file order (all when fewer); its
   path and the chosen lines' indices."""
   with open(os.path.join(work, "qa", f"squad-{split}.jsonl"), encoding="utf-8") as f:
@@ -472,7 +479,7 @@ def qa_subset(work: str, split: str, count: int, seed: int,
   chosen = list(range(len(lines)))
   if count < len(lines):
     chosen = sorted(np.random.RandomState(seed).choice(len(lines), count, replace=False).tolist())
-  path = os.path.join(work, "qa", f"openqa-{split}.jsonl")
+  path = os.path.join(work, "qa", f"{name}-{split}.jsonl")
   with open(path, "w", encoding="utf-8") as f:
     f.writelines(lines[i] for i in chosen)
   return path, chosen
@@ -490,12 +497,14 @@ def gold_settings(budget: Budget, seed: int):
 
 def train_gold_reader(work: str, squad_file: str, budget: Budget, seed: int,
                       max_articles: int, max_paragraphs: int,
-                      say: Callable[[str], None] = print) -> Dict:
-  """Stage A (``experiments/gold_reader.py``): the converted MiniLM reader fine-tuned on the
-  train articles' questions with their own paragraphs, scored on every dev question's."""
-  out = os.path.join(work, "gold_reader")
+                      say: Callable[[str], None] = print, start: str = "minilm_reader_model",
+                      name: str = "gold_reader") -> Dict:
+  """Stage A (``experiments/gold_reader.py``) into ``<name>/``: the reader of ``start`` (the
+  converted MiniLM by default; a REALM run's pre-trained reader) fine-tuned on the train
+  articles' questions with their own paragraphs, scored on every dev question's."""
+  out = os.path.join(work, name)
   os.makedirs(out, exist_ok=True)
-  summary = gold_reader.train(os.path.join(work, "minilm_reader_model"), out, squad_file,
+  summary = gold_reader.train(os.path.join(work, start), out, squad_file,
                               gold_settings(budget, seed), max_articles, max_paragraphs,
                               say=say)
   return dict(summary, model_dir=out)
@@ -526,20 +535,23 @@ def evaluate_gold(work: str, squad_file: str, budget: Budget, seed: int, max_art
 
 
 def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_file: str,
-                  block_seq_length: int):
-  """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the ICT towers' query
-  tower, MiniLM's reader, the frozen ``ict_index/``, SQuAD's training questions, ``dev_file``
-  for validation (the best checkpoint by dev exact match in ``best_ckpt/``)."""
+                  block_seq_length: int, retriever: str = "ict_model",
+                  index: str = "ict_index", reader: str = ""):
+  """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the query tower of
+  ``retriever`` (the ICT towers by default), the reader of ``reader`` (default
+  ``reader_start``), the frozen ``index``, SQuAD's training questions, ``dev_file`` for
+  validation (the best checkpoint by dev exact match in ``best_ckpt/``)."""
   query_length = model_dir_lib.load_config(
       os.path.join(work, "minilm_model")).retriever.query_seq_length
   return stages.experiment_params(
       "openqa_cpu", [os.path.join(stages.CONFIG_DIR, "openqa_cpu__real_text.yaml"),
                      encoder_yaml(work, "openqa")], dict({
           "task.model.vocab_file": vocab_file,
-          "task.index_dir": os.path.join(work, "ict_index"),
+          "task.index_dir": os.path.join(work, index),
           "task.blocks_dir": os.path.join(work, "blocks"),
-          "task.retriever_init_checkpoint": os.path.join(work, "ict_model"),
-          "task.reader_init_checkpoint": reader_start(work),
+          "task.retriever_init_checkpoint": os.path.join(work, retriever),
+          "task.reader_init_checkpoint": (os.path.join(work, reader) if reader
+                                          else reader_start(work)),
           "task.train_data.input_path": os.path.join(work, "qa", "squad-train.jsonl"),
           "task.train_data.global_batch_size": budget.openqa_batch_size,
           "task.train_data.seed": seed,
@@ -555,12 +567,16 @@ def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_fil
 
 
 def train_openqa(clock: Clock, work: str, vocab_file: str, budget: Budget, seed: int,
-                 block_seq_length: int) -> Dict:
-  """ORQA's fine-tuning (``tasks/openqa.py``, ``--mode=train_and_eval``) into ``openqa/``,
-  validated on ``--openqa_dev_questions`` dev questions at each checkpoint."""
-  dev_file, _ = qa_subset(work, "dev", budget.openqa_dev_questions, seed)
-  params = openqa_params(work, vocab_file, budget, seed, dev_file, block_seq_length)
-  model_dir = os.path.join(work, "openqa")
+                 block_seq_length: int, name: str = "openqa", retriever: str = "ict_model",
+                 index: str = "ict_index", reader: str = "", sample_seed: int = -1) -> Dict:
+  """ORQA's fine-tuning (``tasks/openqa.py``, ``--mode=train_and_eval``) into ``<name>/``
+  (``openqa_params``' starts), validated on ``--openqa_dev_questions`` dev questions at each
+  checkpoint (drawn with ``sample_seed``, default ``seed``)."""
+  dev_file, _ = qa_subset(work, "dev", budget.openqa_dev_questions,
+                          seed if sample_seed < 0 else sample_seed)
+  params = openqa_params(work, vocab_file, budget, seed, dev_file, block_seq_length,
+                         retriever, index, reader)
+  model_dir = os.path.join(work, name)
   start = time.time()
   stages.train(clock, "Open-QA", params, model_dir, seed, mode="train_and_eval")
   seconds = time.time() - start
@@ -609,22 +625,24 @@ def score_openqa(model, records, budget: Budget, out_dir: str):
   return metrics, rows, scores
 
 
-def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
-  """``realm-eval``'s evaluation (``openqa.evaluation.evaluate``) of the best dev checkpoint
-  on ``--openqa_test_questions`` test questions: official EM and top-k match with their
-  intervals, predictions and evidence in ``openqa_eval/``. Top-k match before fine-tuning:
-  the same questions' hits in the ICT stage's top 20 (the initialization's query tower, the
-  same index embeddings, the same ``HasAnswer`` test)."""
+def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int,
+                    name: str = "openqa", index: str = "ict_index",
+                    before: str = "ict") -> Dict:
+  """``realm-eval``'s evaluation (``openqa.evaluation.evaluate``) of ``<name>/``'s best dev
+  checkpoint over ``index`` on ``--openqa_test_questions`` test questions: official EM and
+  top-k match with their intervals, predictions and evidence in ``<name>_eval/``. Top-k match
+  before fine-tuning: the same questions' hits in the ``before`` stage's top 20 (the
+  initialization's query tower, the same index embeddings, the same ``HasAnswer`` test)."""
   test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
   records, _ = qa.read_qa(test_file)
-  model = predict.OpenQA.load(os.path.join(work, "openqa"), os.path.join(work, "ict_index"),
+  model = predict.OpenQA.load(os.path.join(work, name), os.path.join(work, index),
                               os.path.join(work, "blocks"),
                               reader_beam_size=budget.reader_beam_size,
                               retriever_beam_size=budget.retriever_beam_size)
   metrics, rows, after = score_openqa(model, records, budget,
-                                      os.path.join(work, "openqa_eval"))
+                                      os.path.join(work, f"{name}_eval"))
   bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
-  first = first_hits(np.load(os.path.join(work, "ict", "top_ids.npy"))[chosen], bodies,
+  first = first_hits(np.load(os.path.join(work, before, "top_ids.npy"))[chosen], bodies,
                      records)
   before = {f"top_{k}_match": proportion(first < k) for k in TOP_K}
   return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
@@ -646,18 +664,20 @@ def read_given_beams(model, beams: Dict[str, np.ndarray]) -> None:
   builder.features = with_beams
 
 
-def evaluate_bm25_reader(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
-  """The fine-tuned Open-QA model reading BM25's top blocks (``bm25/top_ids.npy``) on the same
-  test sample: what a BM25 user gets from the same reader. Its top-k match is BM25's."""
+def evaluate_bm25_reader(work: str, budget: Budget, seed: int, max_questions: int,
+                         retriever: str = "bm25", out: str = "bm25_reader_eval") -> Dict:
+  """The fine-tuned Open-QA model reading another retriever's top blocks (``<retriever>/
+  top_ids.npy``: BM25's by default; a REALM tower's for the paper's mixed row) on the same
+  test sample, into ``out/``: what that retriever's user gets from the same reader. Its top-k
+  match is that retriever's."""
   test_file, chosen = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
   records, _ = qa.read_qa(test_file)
-  top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
+  top = np.load(os.path.join(work, retriever, "top_ids.npy"))[chosen]
   model = predict.OpenQA.load(os.path.join(work, "openqa"), os.path.join(work, "ict_index"),
                               os.path.join(work, "blocks"),
                               reader_beam_size=budget.reader_beam_size,
                               retriever_beam_size=top.shape[1])
   read_given_beams(model, {r.question: row for r, row in zip(records, top)})
-  _, rows, after = score_openqa(model, records, budget,
-                                os.path.join(work, "bm25_reader_eval"))
+  _, rows, after = score_openqa(model, records, budget, os.path.join(work, out))
   return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
           "after": after}

@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+import helpers
 from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.data.loaders import InputError
 from realm_tf.tasks import reader_read
 
@@ -113,3 +115,25 @@ def test_one_blocks_dir_per_corpus():
   data = configs.ReadingDataConfig(input_path=["a/train-*", "b/train-*"], blocks_dir=["a/blocks"])
   with pytest.raises(configs.ConfigError, match="2 input paths but 1 blocks dirs"):
     task.build_inputs(data)
+
+
+def test_the_start_is_restored_strictly_mlm_head_included(tmp_path):
+  """The reading warm start trains the MLM head, so a start without one (a BERT checkpoint
+  with its encoder only) is refused, naming the head, never silently started afresh."""
+  config = configs.ReaderReadTaskConfig(model=helpers.tiny_config())
+  tf_keras.utils.set_random_seed(0)
+  saved = reader_read.ReaderReadTask(config).build_model().reader
+  headless = str(tmp_path / "headless")
+  tf.train.Checkpoint(reader=tf.train.Checkpoint(encoder=saved.encoder)).write(headless)
+  whole = tf.train.Checkpoint(reader=saved).write(str(tmp_path / "whole"))
+  for path, ok in ((headless, False), (whole, True)):
+    task = reader_read.ReaderReadTask(config.replace(init_checkpoint=path))
+    tf_keras.utils.set_random_seed(1)
+    model = task.build_model()
+    if not ok:
+      with pytest.raises(model_dir_lib.ModelDirError, match="reader/masked_lm"):
+        task.initialize(model)
+      continue
+    task.initialize(model)
+    for a, b in zip(saved.weights, model.reader.weights):
+      np.testing.assert_array_equal(a.numpy(), b.numpy())

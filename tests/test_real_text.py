@@ -327,3 +327,104 @@ def test_wilson_interval_and_budget():
     dataclasses.replace(TINY_BUDGET, reader_beam_size=9).check()
   with pytest.raises(real_text.RealTextError, match="ict_steps"):
     dataclasses.replace(TINY_BUDGET, ict_steps=0).check()
+
+
+# REALM's stages at a tiny size: two steps of each trained stage, short sequences.
+TINY_REALM = real_text.RealmBudget(
+    held_out_fraction=0.3, realm_query_seq_length=32, reading_steps=2, reading_batch_size=4,
+    realm_reader_seq_length=64, realm_block_seq_length=48, realm_steps=2, realm_batch_size=2,
+    num_candidates=3, refresh_every=1, validate_every=2, validation_sentences=16,
+    qa_dev_questions=4, accuracy_sentences=12)
+
+
+@pytest.mark.slow
+def test_tiny_run_realm(tmp_path):
+  """REALM on the tiny corpus: sentences from its blocks, the MiniLM reader's reading warm start
+  (strict restore of the converted reader, fresh MLM head included), REALM beside its refresher
+  from the ICT tower and that reader, and the REALM tower's test recall."""
+  # pylint: disable=g-import-not-at-top
+  from experiments import text_realm
+  from realm_tf import configs
+  from realm_tf import model_dir as model_dir_lib
+  from realm_tf.data import loaders
+  from realm_tf.data import manifests
+  from realm_tf.modeling import factory
+  # pylint: enable=g-import-not-at-top
+  out = str(tmp_path)
+  stages = real_text.run_experiment(
+      out, **dict(TINY, salient_spans=True), realm_seeds=[0], realm_budget=TINY_REALM)
+  work = os.path.join(out, "work")
+  data = stages["pretrain_data"]
+  assert data["train_examples"] > 0 and data["eval_examples"] > 0
+  assert sum(data["spans_by_label"].values()) == data["spans"]
+  for name in ("reader_start_accuracy", "mlm_reader_accuracy"):
+    assert 0 < stages[name]["sentences"] <= TINY_REALM.accuracy_sentences
+  # The accuracy against the reader run here on inputs built by hand: [CLS] query [SEP] and,
+  # reading the own block, its body cut to the reader's room with a closing [SEP].
+  reader_dir = os.path.join(work, "mlm_reader")
+  got = text_realm.masked_span_accuracy(work, reader_dir,
+                                       dataclasses.replace(TINY_REALM, accuracy_sentences=3))
+  config = model_dir_lib.load_config(reader_dir)
+  reader = factory.build_reader(config.reader)
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(reader_dir), reader=reader)
+  examples = loaders.MaskedExamplesLoader(
+      configs.MaskedLmDataConfig(is_training=False), 32, 10,
+      input_path=os.path.join(work, "pretrain", "eval-*")).read_all()
+  store = {b["uid"]: b["token_ids"] for b in manifests.read_blocks(os.path.join(work, "blocks"))}
+  right = {"null": [], "own_block": []}
+  for i in range(3):
+    query = examples["query_ids"][i][examples["query_mask"][i] > 0].tolist()
+    block = store[examples["source_uid"][i].decode()]
+    body = block[block.index(102) + 1:]                               # after the title's [SEP]
+    room = TINY_REALM.realm_reader_seq_length - len(query)
+    for name, extra in (("null", []), ("own_block", body[:room - 1] + [102] if len(body) >= room
+                                        else body)):
+      ids = query + extra
+      row = np.zeros([1, TINY_REALM.realm_reader_seq_length], np.int32)
+      row[0, :len(ids)] = ids
+      types = np.zeros_like(row)
+      types[0, len(query):len(ids)] = 1
+      weights = examples["mlm_weights"][i] > 0
+      logits = reader({"input_word_ids": row, "input_mask": (row > 0).astype(np.int32),
+                       "input_type_ids": types,
+                       "masked_lm_positions": examples["mlm_positions"][i:i + 1]},
+                      training=False)["mlm_logits"].numpy()[0]
+      right[name].append(logits.argmax(-1)[weights] == examples["mlm_ids"][i][weights])
+  for name, rows in right.items():
+    assert got[name]["token"]["value"] == pytest.approx(np.concatenate(rows).mean())
+    assert got[name]["span"]["value"] == pytest.approx(np.mean([r.all() for r in rows]))
+  assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(
+      os.path.join(work, "mlm_reader"))) == 2
+  realm = stages["realm_0_train"]
+  assert realm["indexes_built"] >= 1
+  assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(realm["model_dir"])) == 2
+  assert "qa_recall@5" in realm["validation"] and "recall@5" in realm["validation"]
+  row = stages["realm_0"]
+  assert 0 <= row["recall@5"] <= row["recall@20"] <= 1
+  assert row["test_questions"] == stages["ict"]["test_questions"]
+  assert row["blocks"] == stages["corpus"]["blocks"]
+  # The Open-QA rows of the seed, on the ORQA row's test sample: the mixed row reads the REALM
+  # tower's top blocks with ORQA's model; REALM's own went through stage A from its reader.
+  orqa = stages["openqa_eval"]
+  for name in ("realm_0_mixed", "realm_0_openqa_eval"):
+    assert stages[name]["test_file"] == orqa["test_file"]
+    assert stages[name]["test_questions"] == orqa["test_questions"]
+  assert stages["realm_0_gold_reader"]["model_dir"].endswith("realm_0_gold_reader")
+  mixed = np.load(os.path.join(work, "realm_0_test", "top_ids.npy"))
+  assert mixed.shape == (row["test_questions"], 20)
+  # The results: REALM's row beside the others, the per-question records, REALM's page (its
+  # curves, and the analysis, computed from the records, with one seed's interval undefined).
+  results = stages["results"]
+  with open(os.path.join(out, "results", "real_text_questions.csv"), encoding="utf-8") as f:
+    header = next(csv.reader(f))
+  assert header[3:] == ["bm25", "minilm", "minilm_mean", "ict", "realm_0"]
+  with open(os.path.join(out, "results", "real_text_openqa_questions.csv"),
+            encoding="utf-8") as f:
+    table = list(csv.DictReader(f))
+  assert len(table) == orqa["test_questions"]
+  assert sum(int(r["realm_0_openqa_em"]) for r in table) == round(
+      stages["realm_0_openqa_eval"]["after"]["exact_match"]["value"] * len(table))
+  with open(results["realm_md"], encoding="utf-8") as f:
+    page = f.read()
+  assert "(a) REALM - ICT, zero-shot recall@5" in page and "seed 0" in page
+  assert os.path.exists(os.path.join(out, "results", "real_text_realm.png"))

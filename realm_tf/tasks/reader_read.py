@@ -32,6 +32,7 @@ import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.data import answers
 from realm_tf.data import loaders
@@ -42,6 +43,7 @@ from realm_tf.modeling.models import ReaderModel, read_candidates
 from realm_tf.retrieval import candidates as candidates_lib
 from realm_tf.tokenization import RealmTokenizer
 
+_CHUNK = 1024     # queries per chunk of lexical_scores
 READER_FEATURES = ("reader_word_ids", "reader_mask", "reader_type_ids", "mlm_positions",
                    "mlm_ids", "mlm_weights")
 
@@ -55,10 +57,17 @@ def lexical_scores(query_ids: np.ndarray, query_mask: np.ndarray, blocks: List[D
     in_block[i, b["token_ids"]] = 1
   idf = np.log(len(blocks) / (1.0 + in_block.sum(0)))
   idf[list(ignore_ids)] = 0
-  in_query = np.zeros([len(query_ids), vocab], np.float32)
-  for i, (ids, mask) in enumerate(zip(query_ids, query_mask)):
-    in_query[i, ids[mask > 0]] = 1
-  return (in_query * idf) @ in_block.T
+  weighted = (in_block * idf).T                                              # [vocab, blocks]
+  scores = np.zeros([len(query_ids), len(blocks)], np.float32)
+  # Queries a chunk at a time: a dense [n, vocab] row set of a real corpus's ~10^5 sentences
+  # would take gigabytes.
+  for start in range(0, len(query_ids), _CHUNK):
+    ids, mask = query_ids[start:start + _CHUNK], query_mask[start:start + _CHUNK]
+    in_query = np.zeros([len(ids), vocab], np.float32)
+    for i, (row, row_mask) in enumerate(zip(ids, mask)):
+      in_query[i, row[row_mask > 0]] = 1
+    scores[start:start + len(ids)] = in_query @ weighted
+  return scores
 
 
 def answer_block_candidates(blocks: List[Dict], examples: Dict[str, np.ndarray],
@@ -113,6 +122,15 @@ class ReaderReadTask(base.RealmBaseTask):
 
   def build_model(self) -> ReaderModel:
     return ReaderModel(modeling.build_reader(self.task_config.model.reader))
+
+  def initialize(self, model: ReaderModel):
+    """Restores the whole reader, MLM head included, from ``init_checkpoint`` (an earlier
+    reading warm start, or a converted BERT whose head ``realm-convert`` wrote, fresh when the
+    BERT had none). Strict: this task trains the MLM head, so a start without it is refused,
+    naming the missing variables, instead of starting a head afresh unnoticed."""
+    if self.task_config.init_checkpoint:
+      model_dir_lib.restore(model_dir_lib.resolve_checkpoint(self.task_config.init_checkpoint),
+                            reader=model.reader)
 
   def model_dir_config(self):
     return self.task_config.model, self.task_config.model.vocab_file

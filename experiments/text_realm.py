@@ -1,0 +1,331 @@
+r"""REALM on real text (issue 53): the corpus's own sentences as pre-training data, a MiniLM
+reader that fills masks, REALM pre-training from the ICT tower beside its refresher, and the
+REALM tower's recall on the test questions. ``experiments/real_text.py`` runs these stages after
+its ICT stages (``--realm_seeds``); each is a function of its arguments and returns a small
+JSON-able summary that ``Clock.once`` keeps in its done file.
+
+* :func:`make_pretrain_examples`: salient-span masked sentences (``data_prep.pretrain_examples``,
+  the paper's masking) of every block's sentences (``sentences/``, spaCy NER + dates), into
+  ``pretrain/{train,eval}-*``. Whole blocks are held out for validation
+  (``RealmBudget.eval_fraction``: SHA1 of the block uid, salted, so the same blocks in every
+  run); their sentences are never trained on. Only the blocks' text enters: no SQuAD question
+  or answer annotation (tested).
+* :func:`train_reader`: the reading warm start (``tasks/reader_read.py``) of the converted
+  MiniLM reader, whose masked-LM head ``realm-convert`` wrote fresh (MiniLM ships none; its
+  output layer is tied to the word embeddings), on the training sentences of this corpus: each
+  sentence read beside the null block, the lexically closest other block that holds its answer,
+  and ``reading_distractors`` close blocks that do not. Restored strictly.
+* :func:`masked_span_accuracy`: a reader's accuracy on held-out masked sentences, reading the
+  null block or the sentence's own block (the trivial retrieval REALM forbids: the ceiling).
+* :func:`pretrain_realm`: ``realm-train`` (``realm_pretrain_cpu`` with
+  ``realm_pretrain_cpu__real_text.yaml``) beside ``realm-refresh``, which re-embeds every block
+  with each new checkpoint and publishes the index the trainer retrieves from (the paper's
+  asynchronous refresh), validated on held-out sentences and on dev questions.
+* the REALM tower's test recall: ``text_stages.run_tower_retrieval``, as the ICT row's.
+"""
+
+import csv
+import dataclasses
+import os
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from data_prep import pretrain_examples
+from experiments import paired
+from experiments import stages
+from experiments import text_stages as ts
+from experiments.common import Clock
+from experiments.common import proportion
+from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.data import loaders
+from realm_tf.data import manifests
+from realm_tf.modeling import factory
+from realm_tf.modeling.models import read_candidates
+from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.tokenization import RealmTokenizer
+
+PRETRAIN_DIR = "pretrain"
+READER_DIR = "mlm_reader"
+VALIDATION_BATCH = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class RealmBudget:
+  """REALM on real text, cut to fit 2 CPU cores (flags of the same names in ``real_text``).
+
+  The paper: BERT-base towers and reader, queries of 96 wordpieces, reader input 96 + 288,
+  8 candidates (the null block among them), batch 512, lr 3e-5, 200k steps, the index
+  refreshed about every 500 steps. Here MiniLM-L6 towers and reader, and what is cut is what
+  the fields say.
+  """
+  held_out_fraction: float = 0.05      # share of blocks whose sentences are held out
+  realm_query_seq_length: int = 64     # masked sentence, [CLS] ... [SEP]
+  realm_max_masks: int = 10
+  reading_steps: int = 300
+  reading_batch_size: int = 8
+  reading_learning_rate: float = 2e-4
+  reading_distractors: int = 1
+  realm_reader_seq_length: int = 192   # reader input: query + block body, in wordpieces
+  realm_block_seq_length: int = 128    # blocks as the towers embed them in training and index
+  realm_steps: int = 400
+  realm_batch_size: int = 4
+  realm_learning_rate: float = 3e-5
+  num_candidates: int = 8
+  refresh_every: int = 100             # checkpoints, and so index refreshes
+  validate_every: int = 100
+  validation_sentences: int = 96       # held-out sentences per validation pass
+  qa_dev_questions: int = 200          # dev questions of validation's qa_recall
+  accuracy_sentences: int = 500        # held-out sentences of masked_span_accuracy
+
+  # The fields of the stages every seed shares (the data and the reader); the others are a
+  # REALM run's own, recorded with it, so that dev variants can share one work directory.
+  SHARED = ("held_out_fraction", "realm_query_seq_length", "realm_max_masks", "reading_steps",
+            "reading_batch_size", "reading_learning_rate", "reading_distractors",
+            "realm_reader_seq_length", "accuracy_sentences")
+
+  def shared(self) -> Dict:
+    return {k: getattr(self, k) for k in self.SHARED}
+
+  def per_run(self) -> Dict:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if f.name not in self.SHARED}
+
+  def check(self) -> None:
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if value < 0 or (value == 0 and field.name != "reading_distractors"):
+        raise ts.RealTextError(f"--{field.name}={value}: must be positive")
+    if not self.held_out_fraction < 1:
+      raise ts.RealTextError(f"--held_out_fraction={self.held_out_fraction}: must be below 1")
+    if self.realm_query_seq_length >= self.realm_reader_seq_length:
+      raise ts.RealTextError(
+          f"--realm_reader_seq_length={self.realm_reader_seq_length} leaves no room for a "
+          f"block beside a query of {self.realm_query_seq_length}")
+
+
+# ------------------------------------------------------------------------ pre-training data --
+
+
+def make_pretrain_examples(work: str, vocab_file: str, budget: RealmBudget) -> Dict:
+  """``sentences/`` -> ``pretrain/``: one salient span masked per sentence (training draws a
+  span afresh at each read), whole blocks held out; the counts the issue asks for."""
+  sentences = manifests.load_manifest(os.path.join(work, "sentences"))
+  manifest = pretrain_examples.run_pretrain_examples(
+      os.path.join(work, "sentences"), vocab_file, os.path.join(work, PRETRAIN_DIR),
+      masking="salient", query_seq_length=budget.realm_query_seq_length,
+      max_masks=budget.realm_max_masks, eval_fraction=budget.held_out_fraction)
+  return {"sentences": sentences["num_sentences"],
+          "sentences_with_spans": sentences["num_sentences_with_spans"],
+          "spans": sentences["num_spans"], "spans_by_label": sentences["labels"],
+          "annotator": sentences["annotator"],
+          "train_examples": manifest["num_train"], "eval_examples": manifest["num_eval"],
+          "eval_fraction": budget.held_out_fraction, "stats": manifest.get("stats", {})}
+
+
+def examples_pattern(work: str, split: str) -> str:
+  return os.path.join(work, PRETRAIN_DIR, f"{split}-*")
+
+
+# ---------------------------------------------------------------------------------- reader --
+
+
+def model_yaml(work: str) -> str:
+  """The converted MiniLM's encoder for the retriever and the reader (``ts.encoder_yaml``)."""
+  return ts.encoder_yaml(work, "openqa")
+
+
+def shapes(budget: RealmBudget) -> stages.Settings:
+  return {"task.model.retriever.query_seq_length": budget.realm_query_seq_length,
+          "task.model.retriever.block_seq_length": budget.realm_block_seq_length,
+          "task.model.reader.seq_length": budget.realm_reader_seq_length,
+          "task.model.max_masks": budget.realm_max_masks}
+
+
+def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
+  """The reading warm start (``reader_read_cpu``) of ``minilm_reader_model/`` on this corpus's
+  training sentences and blocks."""
+  return stages.experiment_params(
+      "reader_read_cpu", [os.path.join(stages.CONFIG_DIR, "reader_read_cpu__real_text.yaml"),
+                          model_yaml(work)], dict(stages.towers(vocab_file), **shapes(budget), **{
+          "task.init_checkpoint": os.path.join(work, "minilm_reader_model"),
+          "task.distractors": budget.reading_distractors,
+          "task.train_data.input_path": [examples_pattern(work, "train")],
+          "task.train_data.blocks_dir": [os.path.join(work, "blocks")],
+          "task.train_data.global_batch_size": budget.reading_batch_size,
+          "task.train_data.seed": seed,
+          f"{ts.LEARNING_RATE}.initial_learning_rate": budget.reading_learning_rate,
+      }, **ts.train_lengths(budget.reading_steps)))
+
+
+def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
+                 seed: int) -> Dict:
+  model_dir = os.path.join(work, READER_DIR)
+  start = time.time()
+  logs = stages.train(clock, "MLM reader", reading_params(work, vocab_file, budget, seed),
+                      model_dir, seed, label="reading warm start of the MiniLM reader")
+  seconds = time.time() - start
+  return {"model_dir": model_dir, "steps": budget.reading_steps,
+          "seconds_per_step": round(seconds / budget.reading_steps, 3),
+          "last_logs": {k: round(float(v), 4) for k, v in logs.items()}}
+
+
+def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,
+                         batch_size: int = 16) -> Dict:
+  """The reader of ``model_dir`` on the first ``accuracy_sentences`` held-out masked sentences,
+  reading the null block (``null``: the query alone) or the sentence's own block
+  (``own_block``): per mask token (``token``) and per whole span (``span``: every token of it
+  right), each with its 95% Wilson interval."""
+  config = model_dir_lib.load_config(model_dir)
+  config = config.replace(
+      retriever=config.retriever.replace(query_seq_length=budget.realm_query_seq_length),
+      reader=config.reader.replace(seq_length=budget.realm_reader_seq_length),
+      num_candidates=2, max_masks=budget.realm_max_masks)
+  reader = factory.build_reader(config.reader)
+  model_dir_lib.restore(model_dir_lib.resolve_checkpoint(model_dir), reader=reader)
+  tokenizer = RealmTokenizer(config.vocab_file, lower_case=config.lower_case)
+  data = configs.MaskedLmDataConfig(is_training=False)
+  examples = loaders.MaskedExamplesLoader(data, budget.realm_query_seq_length, budget.realm_max_masks,
+                                          input_path=examples_pattern(work, "eval")).read_all()
+  n = min(len(examples["query_ids"]), budget.accuracy_sentences)
+  examples = {k: v[:n] for k, v in examples.items()}
+  blocks = manifests.read_blocks(os.path.join(work, "blocks"))
+  row_of = {b["uid"]: i for i, b in enumerate(blocks)}
+  own = np.array([row_of[u.decode() if isinstance(u, bytes) else u]
+                  for u in examples["source_uid"]])
+  builder = candidates_lib.CandidateBuilder(blocks, config, None, tokenizer.cls_id,
+                                            tokenizer.sep_id)
+  candidates = np.stack([np.full(n, builder.null_row), own], axis=1).astype(np.int32)
+  right = {"null": ([], []), "own_block": ([], [])}
+  for start in range(0, n, batch_size):
+    part = {k: v[start:start + batch_size] for k, v in examples.items()}
+    features = builder.features(part, candidates=candidates[start:start + batch_size])
+    logits = read_candidates(reader, {k: tf.constant(v) for k, v in features.items()},
+                             training=False).numpy()                             # [b, 2, m, V]
+    weights = features["mlm_weights"] > 0
+    for j, name in enumerate(right):
+      correct = logits[:, j].argmax(-1) == features["mlm_ids"]
+      right[name][0].extend(correct[weights].tolist())
+      right[name][1].extend(np.all(correct | ~weights, axis=1)[weights.any(1)].tolist())
+  return {"sentences": n, **{name: {"token": proportion(tokens), "span": proportion(spans)}
+                             for name, (tokens, spans) in right.items()}}
+
+
+# ---------------------------------------------------------------------------- pre-training --
+
+
+def realm_dir(work: str, seed: int) -> str:
+  return os.path.join(work, f"realm_{seed}")
+
+
+def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
+                 dev_file: str, more: Optional[stages.Settings] = None):
+  """REALM pre-training (``realm_pretrain_cpu`` + ``realm_pretrain_cpu__real_text.yaml``):
+  the ICT tower for both towers, the reading warm start's reader, this corpus's training
+  sentences, the refresher's index, validation on held-out sentences and ``dev_file``'s
+  questions. ``more``: settings applied last (a dev variant)."""
+  model_dir = realm_dir(work, seed)
+  blocks = os.path.join(work, "blocks")
+  settings = dict(stages.towers(vocab_file), **shapes(budget), **{
+      "task.model.num_candidates": budget.num_candidates,
+      "task.train_data.input_path": examples_pattern(work, "train"),
+      "task.train_data.blocks_dir": blocks,
+      "task.train_data.global_batch_size": budget.realm_batch_size,
+      "task.train_data.seed": seed,
+      "task.validation_data.input_path": examples_pattern(work, "eval"),
+      "task.validation_data.blocks_dir": blocks,
+      "task.index_dir": model_dir + "_index",
+      "task.retriever_init_checkpoint": os.path.join(work, "ict_model"),
+      "task.reader_init_checkpoint": os.path.join(work, READER_DIR),
+      "task.qa_eval_path": dev_file,
+      "trainer.validation_steps": max(1, budget.validation_sentences // VALIDATION_BATCH),
+      "task.validation_data.global_batch_size": VALIDATION_BATCH,
+  }, **stages.intervals(budget.refresh_every, budget.validate_every),
+                  **stages.schedule(budget.realm_steps, budget.realm_learning_rate))
+  settings.update(more or {})
+  return stages.experiment_params(
+      "realm_pretrain_cpu", [os.path.join(stages.CONFIG_DIR,
+                                          "realm_pretrain_cpu__real_text.yaml"),
+                             model_yaml(work)], settings)
+
+
+def pretrain_realm(clock: Clock, work: str, vocab_file: str, budget: RealmBudget, seed: int,
+                   more: Optional[stages.Settings] = None) -> Dict:
+  """REALM pre-training into ``realm_<seed>/`` beside its refresher (``realm_<seed>_index/``);
+  validation curves from its summaries."""
+  dev_file, _ = ts.qa_subset(work, "dev", budget.qa_dev_questions, 0, name="realm")
+  model_dir = realm_dir(work, seed)
+  params = realm_params(work, vocab_file, budget, seed, dev_file, more)
+  start = time.time()
+  stages.run_side_by_side(clock, f"REALM seed {seed}", stages.realm_jobs(
+      model_dir, params, os.path.join(work, "blocks"), min_interval=budget.refresh_every,
+      validate=True))
+  seconds = time.time() - start
+  curves = model_dir_lib.read_summaries(model_dir, "validation")
+  return {"model_dir": model_dir, "seed": seed, "steps": budget.realm_steps,
+          "budget": budget.per_run(),
+          "seconds": round(seconds, 1), "dev_file": dev_file,
+          "indexes_built": stages.indexes_built(model_dir),
+          "index_age": stages.index_ages(model_dir),
+          "validation": {k: [[int(s), round(float(v), 4)] for s, v in values]
+                         for k, values in curves.items()}}
+
+
+# ---------------------------------------------------------------------------- the analysis --
+# The pre-registered analysis (experiments/NOTES.md section 30), fixed before any test number:
+# every REALM pre-training seed starts from the one ICT tower and the one MiniLM reader, and is
+# paired question by question with the rows it is compared to.
+ICT, REALM, BM25 = "ICT", "REALM", "BM25"
+ORQA, MIXED = "ORQA", "REALM retriever + ORQA's reader"
+PRIMARY = (("(a) REALM - ICT, zero-shot recall@5", "recall@5", REALM, ICT),
+           ("(b) REALM - ORQA, EM", "em", REALM, ORQA))
+SECONDARY = (("REALM retriever + ORQA's reader - ORQA, EM", "em", MIXED, ORQA),
+             ("REALM - BM25, zero-shot recall@5", "recall@5", REALM, BM25))
+
+
+def hits(first: Sequence[int], k: int) -> str:
+  """A row's per-question 0/1 string: whether its first answer-bearing block (``first``, the
+  rank from ``ts.first_hits``) is in its top ``k``."""
+  return "".join("1" if int(f) < k else "0" for f in first)
+
+
+def seed_outcomes(first: Dict[str, Sequence[int]], em: Dict[str, Sequence[bool]]) -> Dict:
+  """One REALM seed's per-question outcomes, as :func:`analysis` reads them:
+  ``{"recall@5": {row: "0110..."}, "recall@20": {...}, "em": {row: "..."}}`` from each
+  retriever's first-hit ranks on the test questions and each Open-QA row's exact matches on
+  the Open-QA test sample."""
+  out = {f"recall@{k}": {row: hits(f, k) for row, f in first.items()} for k in (5, 20)}
+  out["em"] = {row: "".join("1" if x else "0" for x in values) for row, values in em.items()}
+  return out
+
+
+def outcome_of(run: Dict, outcome: str, row: str) -> str:
+  return run[outcome][row]
+
+
+def analysis(runs: Sequence[Dict]) -> Dict[str, List]:
+  """``paired.analysis`` of :data:`PRIMARY` (Holm over both) and :data:`SECONDARY` over the
+  seeds' :func:`seed_outcomes`."""
+  return paired.analysis(runs, PRIMARY, SECONDARY, outcome_of)
+
+
+def runs_from_records(questions_csv: str, openqa_csv: str, seeds: Sequence[int]) -> List[Dict]:
+  """Each seed's :func:`seed_outcomes` from the committed per-question records
+  (``real_text_questions.csv``: each retriever's first-hit rank per test question;
+  ``real_text_openqa_questions.csv``: each Open-QA row's exact match per question)."""
+  with open(questions_csv, newline="", encoding="utf-8") as f:
+    ranks = list(csv.DictReader(f))
+  with open(openqa_csv, newline="", encoding="utf-8") as f:
+    em = list(csv.DictReader(f))
+  runs = []
+  for s in seeds:
+    first = {ICT: [int(r["ict"]) for r in ranks], REALM: [int(r[f"realm_{s}"]) for r in ranks],
+             BM25: [int(r["bm25"]) for r in ranks]}
+    exact = {ORQA: [r["orqa_em"] == "1" for r in em],
+             REALM: [r[f"realm_{s}_openqa_em"] == "1" for r in em],
+             MIXED: [r[f"realm_{s}_mixed_em"] == "1" for r in em]}
+    runs.append(seed_outcomes(first, exact))
+  return runs

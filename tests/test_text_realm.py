@@ -1,0 +1,169 @@
+"""REALM on real text (``experiments/text_realm.py``): the pre-training files are made of the
+corpus's text alone, and the pre-registered analysis on constructed records."""
+
+import collections
+import csv
+import glob
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from experiments import assets
+from experiments import paired
+from experiments import text_realm
+from experiments import text_stages as ts
+from realm_tf.data import features as features_lib
+from realm_tf.tokenization import RealmTokenizer
+
+# -------------------------------------------------------------------------------- analysis --
+
+
+def constructed_runs(gains, n=400, base=0.5, seed=0):
+  """Seeds whose REALM recall@5 differs from ICT's by ``gains[s]`` (a share of the questions
+  turned from miss to hit), with EM rows equal to ORQA's (no difference)."""
+  rng = np.random.default_rng(seed)
+  ict = (rng.random(n) < base)
+  orqa = "".join("1" if x else "0" for x in rng.random(n) < 0.3)
+  runs = []
+  for g in gains:
+    realm = ict.copy()
+    # A gain turns misses into hits; a loss, hits into misses.
+    turned = np.flatnonzero(~realm if g > 0 else realm)[:int(round(abs(g) * n))]
+    realm[turned] = g > 0
+    first = {text_realm.ICT: np.where(ict, 0, 20), text_realm.REALM: np.where(realm, 3, 20),
+             text_realm.BM25: np.where(rng.random(n) < 0.8, 1, 20)}
+    em = {text_realm.ORQA: [c == "1" for c in orqa], text_realm.REALM: [c == "1" for c in orqa],
+          text_realm.MIXED: [c == "1" for c in orqa]}
+    runs.append(text_realm.seed_outcomes(first, em))
+  return runs, ict
+
+
+def test_seed_outcomes_hits_by_rank():
+  out = text_realm.seed_outcomes({"A": [0, 4, 5, 19, 20]}, {"B": [True, False]})
+  assert out["recall@5"]["A"] == "11000"
+  assert out["recall@20"]["A"] == "11110"
+  assert out["em"]["B"] == "10"
+
+
+def test_a_steady_gain_holds_and_no_difference_does_not():
+  runs, ict = constructed_runs([0.08, 0.10, 0.09])
+  result = text_realm.analysis(runs)
+  (a, b), (mixed, bm25) = result["primary"], result["secondary"]
+  # (a): the mean of the per-seed differences, computed directly.
+  expected = np.mean([np.mean([c == "1" for c in r["recall@5"]["REALM"]]) - ict.mean()
+                      for r in runs])
+  assert a["mean"] == pytest.approx(expected)
+  assert a["per_seed"] == pytest.approx([0.08, 0.10, 0.09])
+  assert a["verdict"] == "holds"
+  assert a["seeds_adjusted"][0] > 0 and a["questions_adjusted"][0] > 0
+  # (b): REALM's EM equals ORQA's question by question: a difference of exactly 0.
+  assert b["mean"] == 0 and b["verdict"] == "not established"
+  assert mixed["verdict"].startswith("not established")
+  assert bm25["label"] == "REALM - BM25, zero-shot recall@5"
+
+
+def test_a_gain_that_depends_on_the_seed_is_not_established():
+  runs, _ = constructed_runs([0.12, -0.02, 0.01])
+  a = text_realm.analysis(runs)["primary"][0]
+  assert a["mean"] == pytest.approx(np.mean([0.12, -0.02, 0.01]))
+  assert a["seeds_ci"][0] < 0 < a["seeds_ci"][1]
+  assert a["verdict"] == "not established"
+  assert "not established" in paired.analysis_line(a)
+
+
+# ---------------------------------------------------------------------- pre-training data --
+
+
+def squad_slice(path, articles, questions_from=None):
+  """The first ``articles`` articles of SQuAD dev (two paragraphs each), with their questions
+  and answers as given, or every question and answer replaced by other text."""
+  with gzip.open(assets.SQUAD_DEV, "rt", encoding="utf-8") as f:
+    data = json.load(f)
+  data["data"] = data["data"][:articles]
+  for article in data["data"]:
+    article["paragraphs"] = article["paragraphs"][:2]
+    if questions_from == "replaced":
+      for paragraph in article["paragraphs"]:
+        for i, qa in enumerate(paragraph["qas"]):
+          qa["question"] = f"Which zebra number {i} ate the quince?"
+          qa["answers"] = [{"text": paragraph["context"][:7], "answer_start": 0}]
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(data, f)
+  return data
+
+
+def pretraining_files(work, squad_file):
+  vocab = str(assets.BERT_VOCAB)
+  ts.make_corpus(work, squad_file, "", vocab, 288, 0, 0, 0)
+  ts.annotate(work)
+  budget = text_realm.RealmBudget(held_out_fraction=0.3)
+  summary = text_realm.make_pretrain_examples(work, vocab, budget)
+  records = sorted(r for path in sorted(glob.glob(os.path.join(work, "pretrain", "*-*")))
+                   for r in tf.data.TFRecordDataset(path).as_numpy_iterator())
+  return summary, records
+
+
+@pytest.mark.timeout(600)
+def test_pretraining_files_hold_the_corpus_text_only(tmp_path):
+  """The masked sentences are a function of the paragraphs alone: with every SQuAD question
+  and answer annotation replaced, the pre-training files are the same, record for record, and
+  no question's text is in any masked sentence."""
+  original = squad_slice(tmp_path / "squad.json", 2)
+  squad_slice(tmp_path / "replaced.json", 2, questions_from="replaced")
+  summary, records = pretraining_files(str(tmp_path / "a"), str(tmp_path / "squad.json"))
+  _, again = pretraining_files(str(tmp_path / "b"), str(tmp_path / "replaced.json"))
+  assert records and records == again
+  assert summary["train_examples"] + summary["eval_examples"] == len(records)
+  assert summary["train_examples"] > 0 and summary["eval_examples"] > 0
+  assert sum(summary["spans_by_label"].values()) == summary["spans"]
+
+  tokenizer = RealmTokenizer(str(assets.BERT_VOCAB))
+  sentences = []
+  for r in records:
+    example = {k: v.numpy()[0] for k, v in features_lib.parse_pretrain_example(
+        tf.constant([r]), 64, 10).items() if k in ("query_ids", "mlm_positions", "mlm_ids",
+                                                    "mlm_weights")}
+    masked = example["mlm_weights"] > 0
+    ids = example["query_ids"]
+    ids[example["mlm_positions"][masked]] = example["mlm_ids"][masked]
+    sentences.append(" ".join(tokenizer.convert_ids_to_tokens(ids[ids > 0].tolist())))
+  text = " | ".join(sentences).replace(" ##", "")
+  questions = [qa["question"] for a in original["data"] for p in a["paragraphs"]
+               for qa in p["qas"]]
+  assert len(questions) > 20
+  for q in questions:
+    words = " ".join(tokenizer.convert_ids_to_tokens(
+        tokenizer.tokenize([q]).to_list()[0])).replace(" ##", "")
+    assert words not in text, q
+
+
+def test_the_analysis_reads_the_committed_records(tmp_path):
+  """``runs_from_records`` rebuilds each seed's outcomes from the per-question files that the
+  results write (``real_text.write_question_records``; the Open-QA file's columns)."""
+  from experiments import real_text  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(1)
+  ranks = {k: rng.integers(0, 21, size=50) for k in ("bm25", "ict", "realm_0", "realm_7")}
+  records = [collections.namedtuple("R", "question answers")(f"q{i}?", ["a"]) for i in range(50)]
+  questions = tmp_path / "questions.csv"
+  real_text.write_question_records(str(questions), records,
+                                   [dict(key=k, first=v) for k, v in ranks.items()])
+  em = {k: rng.random(50) < 0.4 for k in ("orqa", "realm_0_openqa", "realm_0_mixed",
+                                          "realm_7_openqa", "realm_7_mixed")}
+  openqa = tmp_path / "openqa.csv"
+  with open(openqa, "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(["question_index", "question"] + [f"{k}_{c}" for k in em
+                                                      for c in ("em", "prediction")])
+    for i in range(50):
+      writer.writerow([i, f"q{i}?"] + [x for k in em for x in (int(em[k][i]), "x")])
+  runs = text_realm.runs_from_records(str(questions), str(openqa), [0, 7])
+  for run, seed in zip(runs, (0, 7)):
+    assert run == text_realm.seed_outcomes(
+        {text_realm.ICT: ranks["ict"], text_realm.REALM: ranks[f"realm_{seed}"],
+         text_realm.BM25: ranks["bm25"]},
+        {text_realm.ORQA: em["orqa"], text_realm.REALM: em[f"realm_{seed}_openqa"],
+         text_realm.MIXED: em[f"realm_{seed}_mixed"]})
