@@ -162,8 +162,10 @@ def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
 
 
 def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
-                 seed: int) -> Dict:
-  model_dir = os.path.join(work, READER_DIR)
+                 seed: int, name: str = READER_DIR) -> Dict:
+  """The reading warm start (``reading_params``) into ``<name>/`` (a dev variant names its
+  own)."""
+  model_dir = os.path.join(work, name)
   start = time.time()
   logs = stages.train(clock, "MLM reader", reading_params(work, vocab_file, budget, seed),
                       model_dir, seed, label="reading warm start of the MiniLM reader")
