@@ -791,6 +791,8 @@ def define_flags() -> None:
       "reading_learning_rate": "Reading warm start: peak learning rate.",
       "reading_distractors": "Reading warm start: close blocks without the answer read beside "
                              "each sentence.",
+      "reading_validations": "Reading warm start: validations on held-out sentences (and "
+                             "checkpoints, so resumable points).",
       "realm_reader_seq_length": "REALM: reader input, query + block body (the paper: 384).",
       "realm_block_seq_length": "REALM: block length of the towers in training and in the "
                                 "refresher's index (the test embeds blocks at "
@@ -802,7 +804,8 @@ def define_flags() -> None:
                         "paper: 8).",
       "refresh_every": "REALM: checkpoint interval, so the refresher's cadence.",
       "validate_every": "REALM: validation interval (held-out sentences, dev questions).",
-      "validation_sentences": "REALM: held-out sentences per validation pass.",
+      "validation_sentences": "Held-out sentences per validation pass (REALM and the reading "
+                              "warm start).",
       "qa_dev_questions": "REALM: dev questions of validation's zero-shot recall.",
       "accuracy_sentences": "Held-out sentences of the masked-span accuracy.",
   })

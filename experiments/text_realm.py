@@ -68,7 +68,8 @@ class RealmBudget:
   reading_steps: int = 300
   reading_batch_size: int = 8
   reading_learning_rate: float = 2e-4
-  reading_distractors: int = 1
+  reading_distractors: int = 0        # 1 from the first step kept the reader from reading
+  reading_validations: int = 3         # validations (and checkpoints) of the reading warm start
   realm_reader_seq_length: int = 192   # reader input: query + block body, in wordpieces
   realm_block_seq_length: int = 128    # blocks as the towers embed them in training and index
   realm_steps: int = 400
@@ -85,7 +86,7 @@ class RealmBudget:
   # REALM run's own, recorded with it, so that dev variants can share one work directory.
   SHARED = ("held_out_fraction", "realm_query_seq_length", "realm_max_masks", "reading_steps",
             "reading_batch_size", "reading_learning_rate", "reading_distractors",
-            "realm_reader_seq_length", "accuracy_sentences")
+            "reading_validations", "realm_reader_seq_length", "accuracy_sentences")
 
   def shared(self) -> Dict:
     return {k: getattr(self, k) for k in self.SHARED}
@@ -147,7 +148,9 @@ def shapes(budget: RealmBudget) -> stages.Settings:
 
 def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
   """The reading warm start (``reader_read_cpu``) of ``minilm_reader_model/`` on this corpus's
-  training sentences and blocks."""
+  training sentences and blocks, validated ``reading_validations`` times (a checkpoint each:
+  the stage resumes from the last) on ``validation_sentences`` held-out sentences, read as in
+  training: its curve of ``mlm_accuracy`` and ``reading_gain``."""
   return stages.experiment_params(
       "reader_read_cpu", [os.path.join(stages.CONFIG_DIR, "reader_read_cpu__real_text.yaml"),
                           model_yaml(work)], dict(stages.towers(vocab_file), **shapes(budget), **{
@@ -157,8 +160,12 @@ def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
           "task.train_data.blocks_dir": [os.path.join(work, "blocks")],
           "task.train_data.global_batch_size": budget.reading_batch_size,
           "task.train_data.seed": seed,
+          "task.validation_data.input_path": [examples_pattern(work, "eval")],
+          "task.validation_data.blocks_dir": [os.path.join(work, "blocks")],
+          "task.validation_data.global_batch_size": VALIDATION_BATCH,
+          "trainer.validation_steps": max(1, budget.validation_sentences // VALIDATION_BATCH),
           f"{ts.LEARNING_RATE}.initial_learning_rate": budget.reading_learning_rate,
-      }, **ts.train_lengths(budget.reading_steps)))
+      }, **ts.train_lengths(budget.reading_steps, budget.reading_validations)))
 
 
 def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
@@ -168,11 +175,15 @@ def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
   model_dir = os.path.join(work, name)
   start = time.time()
   logs = stages.train(clock, "MLM reader", reading_params(work, vocab_file, budget, seed),
-                      model_dir, seed, label="reading warm start of the MiniLM reader")
+                      model_dir, seed, mode="train_and_eval",
+                      label="reading warm start of the MiniLM reader")
   seconds = time.time() - start
+  curves = model_dir_lib.read_summaries(model_dir, "validation")
   return {"model_dir": model_dir, "steps": budget.reading_steps,
-          "seconds_per_step": round(seconds / budget.reading_steps, 3),
-          "last_logs": {k: round(float(v), 4) for k, v in logs.items()}}
+          "seconds_per_step_with_validation": round(seconds / budget.reading_steps, 3),
+          "last_logs": {k: round(float(v), 4) for k, v in logs.items()},
+          "validation": {k: [[int(s), round(float(v), 4)] for s, v in values]
+                         for k, values in curves.items()}}
 
 
 def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,

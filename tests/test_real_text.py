@@ -426,5 +426,5 @@ def test_tiny_run_realm(tmp_path):
       stages["realm_0_openqa_eval"]["after"]["exact_match"]["value"] * len(table))
   with open(results["realm_md"], encoding="utf-8") as f:
     page = f.read()
-  assert "(a) REALM - ICT, zero-shot recall@5" in page and "seed 0" in page
+  assert "(a) REALM - ICT, zero-shot recall@5" in page and "Seeds 0;" in page
   assert os.path.exists(os.path.join(out, "results", "real_text_realm.png"))

@@ -107,7 +107,6 @@ def pretraining_files(work, squad_file):
   return summary, records
 
 
-@pytest.mark.timeout(600)
 def test_pretraining_files_hold_the_corpus_text_only(tmp_path):
   """The masked sentences are a function of the paragraphs alone: with every SQuAD question
   and answer annotation replaced, the pre-training files are the same, record for record, and
