@@ -131,13 +131,20 @@ def test_pretraining_files_hold_the_corpus_text_only(tmp_path):
     ids[example["mlm_positions"][masked]] = example["mlm_ids"][masked]
     sentences.append(" ".join(tokenizer.convert_ids_to_tokens(ids[ids > 0].tolist())))
   text = " | ".join(sentences).replace(" ##", "")
+
+  def decoded(s):
+    return " ".join(tokenizer.convert_ids_to_tokens(
+        tokenizer.tokenize([s]).to_list()[0])).replace(" ##", "")
+
+  # The decoding finds what is there: the first masked sentence's words are a paragraph's.
+  first = sentences[0].replace(" ##", "").replace("[CLS] ", "").split(" [SEP]")[0]
+  assert first[:60] in " ".join(decoded(p["context"]) for a in original["data"]
+                                for p in a["paragraphs"])
   questions = [qa["question"] for a in original["data"] for p in a["paragraphs"]
                for qa in p["qas"]]
   assert len(questions) > 20
   for q in questions:
-    words = " ".join(tokenizer.convert_ids_to_tokens(
-        tokenizer.tokenize([q]).to_list()[0])).replace(" ##", "")
-    assert words not in text, q
+    assert decoded(q) not in text, q
 
 
 def test_the_analysis_reads_the_committed_records(tmp_path):
