@@ -672,8 +672,9 @@ def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
                                               budget))
   for s in seeds:
     done = os.path.join(work, f"realm_{s}_done.json")
-    if os.path.exists(done) and read_json(done)["budget"] != budget.per_run():
-      raise RealTextError(f"{done}: REALM seed {s} ran with {read_json(done)['budget']}, not "
+    recorded = read_json(done)["budget"] if os.path.exists(done) else budget.per_run()
+    if recorded != budget.per_run():
+      raise RealTextError(f"{done}: REALM seed {s} ran with {recorded}, not "
                           f"{budget.per_run()}; use another seed, or delete it and "
                           f"realm_{s}/ to run it again")
     out[f"realm_{s}_train"] = once(
