@@ -26,9 +26,9 @@ sentence); ``random_span`` and ``uniform``, ``--variants_per_sentence`` independ
 fixed features (``query_ids``, ``mlm_*``, ``answer``) are one of the variants, for validation;
 training (``realm_tf.data.loaders.MaskedExamplesLoader``) draws one variant per read.
 
-The eval split holds out whole blocks: a sentence goes to ``eval`` when
-``hash_fraction(block_uid, salt="eval:") < eval_fraction`` (SHA1-based, see
-``data_prep.text.hash_fraction``). Features: ``realm_tf.data.features.pretrain_features`` and
+The eval split holds out whole blocks: a sentence goes to ``eval`` when its block does
+(``realm_tf.data.manifests.split_of``: SHA1 of ``"eval:" + block_uid`` below
+``eval_fraction``). Features: ``realm_tf.data.features.pretrain_features`` and
 ``realm_tf.data.features.pretrain_variant_features``.
 
 Command line (other flags are Beam pipeline options, e.g. ``--runner=DataflowRunner``)::
@@ -58,10 +58,7 @@ from realm_tf.tokenization import RealmTokenizer, load_vocab
 MASKINGS = ("salient", "random_span", "uniform")
 
 
-def split_of(block_uid: str, eval_fraction: float) -> str:
-  """``"eval"`` for a deterministic ``eval_fraction`` of block uids, else ``"train"``."""
-  held_out = text_lib.hash_fraction(block_uid, "eval:") < eval_fraction
-  return manifests.EVAL_SPLIT if held_out else manifests.TRAIN_SPLIT
+split_of = manifests.split_of  # the held-out blocks' rule, shared with the library
 
 
 def _int_feature(values):

@@ -35,9 +35,3 @@ def sha1_hex(data) -> str:
   if isinstance(data, str):
     data = data.encode("utf-8")
   return hashlib.sha1(data).hexdigest()
-
-
-def hash_fraction(key: str, salt: str = "") -> float:
-  """A deterministic number in [0, 1) from a string (first 8 bytes of its SHA1)."""
-  digest = hashlib.sha1((salt + key).encode("utf-8")).digest()
-  return int.from_bytes(digest[:8], "big") / 2.0**64

@@ -453,7 +453,10 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
       "sentence's own block (the trivial retrieval REALM forbids: the ceiling).", "",
       "| reader | sentences | null: token | null: span | own block: token | own block: span |",
       "|---|---|---|---|---|---|"]
+  mlm = stages.get("reader_mlm", {})
   for key, label in (("reader_start_accuracy", "converted MiniLM, fresh MLM head"),
+                     ("reader_mlm_accuracy",
+                      f"after BERT's masked LM on the training blocks ({mlm.get('steps')} steps)"),
                      ("mlm_reader_accuracy",
                       f"after the reading warm start ({stages['mlm_reader']['steps']} steps)")):
     if key in stages:
@@ -651,7 +654,8 @@ def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
               budget: RealmBudget, max_questions: int, batch_size: int,
               block_seq_length: int, seed: int, test: bool = True) -> Dict[str, Dict]:
   """REALM's stages (``experiments/text_realm.py``): the pre-training sentences, the MiniLM
-  reader's reading warm start and its masked-span accuracy, then for each pre-training seed
+  reader's masked LM (``mlm_steps``) and reading warm start, each with its masked-span
+  accuracy, then for each pre-training seed
   REALM beside its refresher and (``test``) its tower's test recall. Dev runs pass
   ``test=False``: their choices see dev questions and held-out sentences only."""
   once, out = clock.once, {}
@@ -663,6 +667,15 @@ def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
       os.path.join(work, "minilm_reader_accuracy.json"),
       lambda: text_realm.masked_span_accuracy(work, os.path.join(work, "minilm_reader_model"),
                                               budget))
+  if budget.mlm_steps:
+    out["reader_mlm"] = once(
+        "BERT's masked LM for the MiniLM reader", os.path.join(work, "minilm_mlm_done.json"),
+        lambda: text_realm.train_mlm(clock, work, vocab_file, budget, seed))
+    out["reader_mlm_accuracy"] = once(
+        "Masked-span accuracy after the masked LM",
+        os.path.join(work, "minilm_mlm_accuracy.json"),
+        lambda: text_realm.masked_span_accuracy(work, os.path.join(work, text_realm.MLM_DIR),
+                                                budget))
   out["mlm_reader"] = once(
       "MLM reader (reading warm start)", os.path.join(work, "mlm_reader_done.json"),
       lambda: text_realm.train_reader(clock, work, vocab_file, budget, seed))
@@ -787,7 +800,14 @@ def define_flags() -> None:
                            "(validation, masked-span accuracy); never trained on.",
       "realm_query_seq_length": "REALM: masked-sentence (query) length (the paper: 96).",
       "realm_max_masks": "REALM: predicted wordpieces of a salient span at most.",
-      "reading_steps": "Reading warm start of the MiniLM reader (its fresh MLM head): steps.",
+      "mlm_steps": "BERT's masked LM for the MiniLM reader (its fresh MLM head) on the "
+                   "training blocks' text, before the reading warm start: steps (0: none).",
+      "mlm_batch_size": "Masked LM: windows per step.",
+      "mlm_seq_length": "Masked LM: window length, [CLS] and [SEP] included.",
+      "mlm_learning_rate": "Masked LM: peak learning rate (BERT's: 1e-4).",
+      "mlm_validations": "Masked LM: validations on the held-out blocks' windows (and "
+                         "checkpoints, so resumable points).",
+      "reading_steps": "Reading warm start of the MiniLM reader: steps.",
       "reading_batch_size": "Reading warm start: sentences per step.",
       "reading_learning_rate": "Reading warm start: peak learning rate.",
       "reading_distractors": "Reading warm start: close blocks without the answer read beside "

@@ -10,9 +10,12 @@ JSON-able summary that ``Clock.once`` keeps in its done file.
   (``RealmBudget.eval_fraction``: SHA1 of the block uid, salted, so the same blocks in every
   run); their sentences are never trained on. Only the blocks' text enters: no SQuAD question
   or answer annotation (tested).
-* :func:`train_reader`: the reading warm start (``tasks/reader_read.py``) of the converted
-  MiniLM reader, whose masked-LM head ``realm-convert`` wrote fresh (MiniLM ships none; its
-  output layer is tied to the word embeddings), on the training sentences of this corpus: each
+* :func:`train_mlm`: BERT's masked LM (``tasks/reader_mlm.py``) for the converted MiniLM
+  reader, whose masked-LM head ``realm-convert`` wrote fresh (MiniLM ships none; its output
+  layer is tied to the word embeddings), on the text of the training blocks: MiniLM was trained
+  contrastively and never filled a mask, where REALM's reader starts from BERT, which had.
+* :func:`train_reader`: the reading warm start (``tasks/reader_read.py``) of that reader on
+  the training sentences of this corpus: each
   sentence read beside the null block, the lexically closest other block that holds its answer,
   and ``reading_distractors`` close blocks that do not. Restored strictly.
 * :func:`masked_span_accuracy`: a reader's accuracy on held-out masked sentences, reading the
@@ -49,6 +52,7 @@ from realm_tf.retrieval import candidates as candidates_lib
 from realm_tf.tokenization import RealmTokenizer
 
 PRETRAIN_DIR = "pretrain"
+MLM_DIR = "minilm_mlm"
 READER_DIR = "mlm_reader"
 VALIDATION_BATCH = 16
 
@@ -65,6 +69,11 @@ class RealmBudget:
   held_out_fraction: float = 0.05      # share of blocks whose sentences are held out
   realm_query_seq_length: int = 64     # masked sentence, [CLS] ... [SEP]
   realm_max_masks: int = 10
+  mlm_steps: int = 1000                # BERT's masked LM first (0: none)
+  mlm_batch_size: int = 32
+  mlm_seq_length: int = 128            # windows of block text, [CLS] ... [SEP]
+  mlm_learning_rate: float = 1e-4
+  mlm_validations: int = 4
   reading_steps: int = 300
   reading_batch_size: int = 8
   reading_learning_rate: float = 2e-4
@@ -84,7 +93,9 @@ class RealmBudget:
 
   # The fields of the stages every seed shares (the data and the reader); the others are a
   # REALM run's own, recorded with it, so that dev variants can share one work directory.
-  SHARED = ("held_out_fraction", "realm_query_seq_length", "realm_max_masks", "reading_steps",
+  SHARED = ("held_out_fraction", "realm_query_seq_length", "realm_max_masks", "mlm_steps",
+            "mlm_batch_size", "mlm_seq_length", "mlm_learning_rate", "mlm_validations",
+            "reading_steps",
             "reading_batch_size", "reading_learning_rate", "reading_distractors",
             "reading_validations", "realm_reader_seq_length", "accuracy_sentences")
 
@@ -98,7 +109,7 @@ class RealmBudget:
   def check(self) -> None:
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if value < 0 or (value == 0 and field.name != "reading_distractors"):
+      if value < 0 or (value == 0 and field.name not in ("reading_distractors", "mlm_steps")):
         raise ts.RealTextError(f"--{field.name}={value}: must be positive")
     if not self.held_out_fraction < 1:
       raise ts.RealTextError(f"--held_out_fraction={self.held_out_fraction}: must be below 1")
@@ -146,15 +157,59 @@ def shapes(budget: RealmBudget) -> stages.Settings:
           "task.model.max_masks": budget.realm_max_masks}
 
 
+def mlm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
+  """BERT's masked LM (``reader_mlm_cpu``) for ``minilm_reader_model/`` on the text of this
+  corpus's training blocks, validated ``mlm_validations`` times on all the held-out blocks'
+  windows (the blocks whose sentences are held out)."""
+  blocks = os.path.join(work, "blocks")
+  return stages.experiment_params(
+      "reader_mlm_cpu", [os.path.join(stages.CONFIG_DIR, "reader_read_cpu__real_text.yaml"),
+                         model_yaml(work)], dict(stages.towers(vocab_file), **{
+          "task.model.reader.seq_length": budget.mlm_seq_length,
+          "task.init_checkpoint": os.path.join(work, "minilm_reader_model"),
+          "task.train_data.blocks_dir": blocks,
+          "task.train_data.held_out_fraction": budget.held_out_fraction,
+          "task.train_data.global_batch_size": budget.mlm_batch_size,
+          "task.train_data.seed": seed,
+          "task.validation_data.blocks_dir": blocks,
+          "task.validation_data.held_out_fraction": budget.held_out_fraction,
+          "trainer.validation_steps": -1,
+          f"{ts.LEARNING_RATE}.initial_learning_rate": budget.mlm_learning_rate,
+      }, **ts.train_lengths(budget.mlm_steps, budget.mlm_validations)))
+
+
+def train_mlm(clock: Clock, work: str, vocab_file: str, budget: RealmBudget, seed: int,
+              name: str = MLM_DIR) -> Dict:
+  """BERT's masked LM (``mlm_params``) into ``<name>/``; its validation curve."""
+  return _train_and_validate(clock, "reader MLM", mlm_params(work, vocab_file, budget, seed),
+                             os.path.join(work, name), seed, budget.mlm_steps,
+                             "BERT's masked LM for the MiniLM reader")
+
+
+def _train_and_validate(clock: Clock, stage: str, params, model_dir: str, seed: int,
+                        steps: int, label: str) -> Dict:
+  start = time.time()
+  logs = stages.train(clock, stage, params, model_dir, seed, mode="train_and_eval", label=label)
+  seconds = time.time() - start
+  curves = model_dir_lib.read_summaries(model_dir, "validation")
+  return {"model_dir": model_dir, "steps": steps,
+          "seconds_per_step_with_validation": round(seconds / steps, 3),
+          "last_logs": {k: round(float(v), 4) for k, v in logs.items()},
+          "validation": {k: [[int(s), round(float(v), 4)] for s, v in values]
+                         for k, values in curves.items()}}
+
+
 def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
-  """The reading warm start (``reader_read_cpu``) of ``minilm_reader_model/`` on this corpus's
+  """The reading warm start (``reader_read_cpu``) of ``minilm_mlm/`` (``minilm_reader_model/``
+  when ``mlm_steps`` is 0) on this corpus's
   training sentences and blocks, validated ``reading_validations`` times (a checkpoint each:
   the stage resumes from the last) on ``validation_sentences`` held-out sentences, read as in
   training: its curve of ``mlm_accuracy`` and ``reading_gain``."""
   return stages.experiment_params(
       "reader_read_cpu", [os.path.join(stages.CONFIG_DIR, "reader_read_cpu__real_text.yaml"),
                           model_yaml(work)], dict(stages.towers(vocab_file), **shapes(budget), **{
-          "task.init_checkpoint": os.path.join(work, "minilm_reader_model"),
+          "task.init_checkpoint": os.path.join(
+              work, MLM_DIR if budget.mlm_steps else "minilm_reader_model"),
           "task.distractors": budget.reading_distractors,
           "task.train_data.input_path": [examples_pattern(work, "train")],
           "task.train_data.blocks_dir": [os.path.join(work, "blocks")],
@@ -172,18 +227,10 @@ def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
                  seed: int, name: str = READER_DIR) -> Dict:
   """The reading warm start (``reading_params``) into ``<name>/`` (a dev variant names its
   own)."""
-  model_dir = os.path.join(work, name)
-  start = time.time()
-  logs = stages.train(clock, "MLM reader", reading_params(work, vocab_file, budget, seed),
-                      model_dir, seed, mode="train_and_eval",
-                      label="reading warm start of the MiniLM reader")
-  seconds = time.time() - start
-  curves = model_dir_lib.read_summaries(model_dir, "validation")
-  return {"model_dir": model_dir, "steps": budget.reading_steps,
-          "seconds_per_step_with_validation": round(seconds / budget.reading_steps, 3),
-          "last_logs": {k: round(float(v), 4) for k, v in logs.items()},
-          "validation": {k: [[int(s), round(float(v), 4)] for s, v in values]
-                         for k, values in curves.items()}}
+  return _train_and_validate(clock, "MLM reader",
+                             reading_params(work, vocab_file, budget, seed),
+                             os.path.join(work, name), seed, budget.reading_steps,
+                             "reading warm start of the MiniLM reader")
 
 
 def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,

@@ -174,6 +174,33 @@ class ReaderReadTaskConfig(cfg.TaskConfig):
 
 
 @dataclasses.dataclass
+class BlockMlmDataConfig(cfg.DataConfig):
+  """A corpus's blocks for BERT's masked LM (``tasks/reader_mlm.py``): each block's body cut
+  into windows of the reader's ``seq_length``; ``mask_rate`` of a window's wordpieces (at most
+  ``max_predictions``) predicted. The blocks of ``manifests.split_of(uid, held_out_fraction)``
+  == ``"eval"`` are validation's and are never trained on."""
+  blocks_dir: str = ""
+  held_out_fraction: float = 0.05
+  mask_rate: float = 0.15
+  max_predictions: int = 20
+  global_batch_size: int = 32
+  is_training: bool = True
+  seed: Optional[int] = None
+
+
+@dataclasses.dataclass
+class ReaderMlmTaskConfig(cfg.TaskConfig):
+  """BERT's masked-LM pre-training of the reader on a corpus's own text: what a reader that
+  never had it (MiniLM's contrastive encoder) needs before it can fill a mask, as REALM's
+  reader starts from BERT. The reader's output layer is tied to its word embeddings."""
+  model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
+  train_data: BlockMlmDataConfig = dataclasses.field(default_factory=BlockMlmDataConfig)
+  validation_data: BlockMlmDataConfig = dataclasses.field(
+      default_factory=lambda: BlockMlmDataConfig(is_training=False))
+  init_checkpoint: str = ""
+
+
+@dataclasses.dataclass
 class HealthConfig(hyperparams.Config):
   """Retrieval-health alarms (``realm_tf.health``): a training summary's signal beyond its
   bound for ``patience`` summaries in a row, or a validation recall below ``recall_drop``
@@ -486,6 +513,20 @@ def reader_read_cpu() -> cfg.ExperimentConfig:
       runtime=_runtime("cpu"),
       restrictions=_RESTRICTIONS)
 
+
+
+@_register("reader_mlm_cpu")
+def reader_mlm_cpu() -> cfg.ExperimentConfig:
+  """BERT's masked LM for the reader on a corpus's blocks (MiniLM has never had it)."""
+  return cfg.ExperimentConfig(
+      task=ReaderMlmTaskConfig(
+          model=RealmModelConfig(retriever=retriever_tiny(),
+                                 reader=ReaderConfig(encoder=bert_tiny(), seq_length=128)),
+          train_data=BlockMlmDataConfig(global_batch_size=32),
+          validation_data=BlockMlmDataConfig(global_batch_size=64, is_training=False)),
+      trainer=_trainer(1000, 1e-4, 200, 20),
+      runtime=_runtime("cpu"),
+      restrictions=_RESTRICTIONS)
 
 
 def _openqa_trainer(train_steps: int, learning_rate: float, checkpoint_interval: int,

@@ -331,7 +331,8 @@ def test_wilson_interval_and_budget():
 
 # REALM's stages at a tiny size: two steps of each trained stage, short sequences.
 TINY_REALM = real_text.RealmBudget(
-    held_out_fraction=0.3, realm_query_seq_length=32, reading_steps=2, reading_batch_size=4,
+    held_out_fraction=0.3, realm_query_seq_length=32, mlm_steps=2, mlm_batch_size=4,
+    mlm_seq_length=32, mlm_validations=1, reading_steps=2, reading_batch_size=4,
     realm_reader_seq_length=64, realm_block_seq_length=48, realm_steps=2, realm_batch_size=2,
     num_candidates=3, refresh_every=1, validate_every=2, validation_sentences=16,
     qa_dev_questions=4, accuracy_sentences=12)
@@ -339,9 +340,10 @@ TINY_REALM = real_text.RealmBudget(
 
 @pytest.mark.slow
 def test_tiny_run_realm(tmp_path):
-  """REALM on the tiny corpus: sentences from its blocks, the MiniLM reader's reading warm start
-  (strict restore of the converted reader, fresh MLM head included), REALM beside its refresher
-  from the ICT tower and that reader, and the REALM tower's test recall."""
+  """REALM on the tiny corpus: sentences from its blocks, the MiniLM reader's masked LM and
+  reading warm start (strict restores, the converted reader's fresh MLM head included), REALM
+  beside its refresher from the ICT tower and that reader, and the REALM tower's test
+  recall."""
   # pylint: disable=g-import-not-at-top
   from experiments import text_realm
   from realm_tf import configs
@@ -357,8 +359,9 @@ def test_tiny_run_realm(tmp_path):
   data = stages["pretrain_data"]
   assert data["train_examples"] > 0 and data["eval_examples"] > 0
   assert sum(data["spans_by_label"].values()) == data["spans"]
-  for name in ("reader_start_accuracy", "mlm_reader_accuracy"):
+  for name in ("reader_start_accuracy", "reader_mlm_accuracy", "mlm_reader_accuracy"):
     assert 0 < stages[name]["sentences"] <= TINY_REALM.accuracy_sentences
+  assert [s for s, _ in stages["reader_mlm"]["validation"]["mlm_accuracy"]] == [2]
   # The accuracy against the reader run here on inputs built by hand: [CLS] query [SEP] and,
   # reading the own block, its body cut to the reader's room with a closing [SEP].
   reader_dir = os.path.join(work, "mlm_reader")

@@ -59,6 +59,15 @@ ICT_SAMPLING = "one random sentence per block per read, fresh removal coin"
 ICT_MANIFEST_KEYS = ("sampling", "remove_prob", "cls_id", "sep_id")
 
 
+def split_of(block_uid: str, eval_fraction: float) -> str:
+  """``EVAL_SPLIT`` for a deterministic ``eval_fraction`` of block uids (the first 8 bytes of
+  ``sha1("eval:" + uid)`` as a fraction of 2**64 below it), else ``TRAIN_SPLIT``: the held-out
+  blocks of every pipeline that splits a corpus (masked sentences, ICT, the reader's MLM)."""
+  digest = hashlib.sha1(("eval:" + block_uid).encode("utf-8")).digest()
+  held_out = int.from_bytes(digest[:8], "big") / 2.0**64 < eval_fraction
+  return EVAL_SPLIT if held_out else TRAIN_SPLIT
+
+
 # ------------------------------------------------------------------------------------ errors --
 
 class DataError(errors.RealmError, ValueError):
