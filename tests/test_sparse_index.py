@@ -112,3 +112,37 @@ def test_save_and_load_without_pickles(tmp_path):
     sparse_index.SparseIndex.load(path)
   with pytest.raises(errors.IndexFormatError, match="not a sparse index"):
     sparse_index.SparseIndex.load(str(tmp_path / "missing"))
+
+
+def test_a_dense_index_carries_its_sparse_part_through_updates_and_publication(tmp_path):
+  """append and delete keep the two parts on the same rows; save writes ``sparse/`` and the
+  manifest's summary; load_index reads it back, and refuses a sparse part of other rows."""
+  # pylint: disable=g-import-not-at-top
+  import shutil
+  from realm_tf.retrieval import mips_index
+  # pylint: enable=g-import-not-at-top
+  rng = np.random.default_rng(4)
+  corpus = texts(rng, 12)
+  index = mips_index.BruteForceIndex(rng.normal(size=[12, 4]).astype(np.float32), 8)
+  index.sparse = sparse_index.SparseIndex.build(corpus)
+  with pytest.raises(ValueError, match="give the 2 appended blocks' texts"):
+    index.append(rng.normal(size=[2, 4]))
+  assert index.num_blocks == 12 and index.sparse.num_rows == 12     # nothing half-done
+  np.testing.assert_array_equal(index.append(rng.normal(size=[2, 4]), ["zeppelin", "tower"]),
+                                [12, 13])
+  index.delete([2, 12])
+  live = {r: t for r, t in enumerate(corpus + ["zeppelin", "tower"]) if r not in (2, 12)}
+  check_against_fresh_bm25s(index.sparse, live)
+  path = str(tmp_path / "step-1")
+  manifest = index.save(path)
+  assert manifest["sparse"]["num_rows"] == 14 and manifest["sparse"]["num_live"] == 12
+  again = mips_index.load_index(path)
+  check_against_fresh_bm25s(again.sparse, live)
+  again.append(rng.normal(size=[1, 4]), ["zeppelin"])      # the loaded part updates too
+  assert again.sparse.search(["zeppelin"], 2)[0].tolist() == [[14, -1]]
+  # A sparse part over other rows than the dense part's is refused.
+  other = sparse_index.SparseIndex.build(corpus)
+  shutil.rmtree(os.path.join(path, "sparse"))
+  other.save(os.path.join(path, "sparse"))
+  with pytest.raises(errors.IndexFormatError, match="not the dense index's 14"):
+    mips_index.load_index(path)

@@ -7,22 +7,25 @@ returned again. ``search(queries, k)`` returns ``(block_ids int64 [b, k], scores
 [b, k])`` sorted by decreasing score, ``1 <= k <= num_live``.
 
 Saved artifacts (``MipsIndex.save``): ``embeddings.npy`` (float32 ``[num_blocks, dim]``, every
-row, deleted ones included), ``deleted.npy`` (int64 rows, when any) and ``manifest.json``,
-written last.
+row, deleted ones included), ``deleted.npy`` (int64 rows, when any), ``sparse/`` (when the
+index has a BM25 part over the same rows: ``sparse_index``) and ``manifest.json``, written
+last.
 """
 
 import abc
 import json
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from realm_tf.retrieval import errors
+from realm_tf.retrieval import sparse_index
 
 MANIFEST_NAME = "manifest.json"
 EMBEDDINGS_NAME = "embeddings.npy"
 DELETED_NAME = "deleted.npy"
+SPARSE_DIR = "sparse"
 FORMAT = "realm_tf.mips_index/1"
 _CHECK_ROWS = 1 << 16
 _COPY_ROWS = 1 << 16
@@ -147,6 +150,8 @@ class MipsIndex(abc.ABC):
     self.deleted = np.unique(np.asarray([] if deleted is None else deleted, np.int64))
     self.build_seconds: Optional[float] = None
     self.manifest: Optional[dict] = None
+    # BM25 over the same rows (its rows and deletions kept in step by append and delete).
+    self.sparse: Optional[sparse_index.SparseIndex] = None
 
   @property
   def num_live(self) -> int:
@@ -173,16 +178,23 @@ class MipsIndex(abc.ABC):
   def _delete(self, rows: np.ndarray) -> None:
     """Stops returning the live ``rows``."""
 
-  def append(self, embeddings: np.ndarray) -> np.ndarray:
-    """Adds blocks as the next rows; returns their ids (``num_blocks ..`` before the call)."""
+  def append(self, embeddings: np.ndarray, texts: Optional[Sequence[str]] = None) -> np.ndarray:
+    """Adds blocks as the next rows; returns their ids (``num_blocks ..`` before the call).
+    ``texts``: the blocks' texts (``sparse_index.block_text``), when the index has a sparse
+    part, which indexes them as the same rows."""
     embeddings = check_embeddings(embeddings)
     if embeddings.shape[1] != self.dim:
       raise errors.DimensionMismatchError(
           f"appended embeddings have dimension {embeddings.shape[1]} but the index has "
           f"dimension {self.dim}")
+    if self.sparse is not None and (texts is None or len(texts) != len(embeddings)):
+      raise ValueError(f"this index has a sparse part: give the {len(embeddings)} appended "
+                       "blocks' texts")
     rows = np.arange(self.num_blocks, self.num_blocks + len(embeddings), dtype=np.int64)
     self._append(rows, embeddings)
     self.num_blocks += len(rows)
+    if self.sparse is not None:
+      self.sparse.add(rows, texts)
     return rows
 
   def delete(self, rows) -> None:
@@ -201,6 +213,8 @@ class MipsIndex(abc.ABC):
                                     f"{self.num_live} in the index")
     self._delete(rows)
     self.deleted = np.union1d(self.deleted, rows)
+    if self.sparse is not None:
+      self.sparse.delete(rows)
 
   def save(self, directory: str, metadata: Optional[Dict[str, Any]] = None) -> dict:
     """Writes the index into ``directory``; ``manifest.json`` last. Returns the manifest."""
@@ -211,6 +225,10 @@ class MipsIndex(abc.ABC):
     manifest = dict(metadata or {})
     manifest.update(format=FORMAT, index_type=self.index_type, num_blocks=self.num_blocks,
                     num_deleted=int(len(self.deleted)), dim=self.dim, settings=self.settings())
+    manifest.pop("sparse", None)
+    if self.sparse is not None:
+      self.sparse.save(os.path.join(directory, SPARSE_DIR))
+      manifest["sparse"] = self.sparse.summary()
     if self.build_seconds is not None:
       manifest.setdefault("index_build_seconds", round(self.build_seconds, 3))
     atomic_write_json(os.path.join(directory, MANIFEST_NAME), manifest)
@@ -264,3 +282,20 @@ def load_deleted(directory: str, manifest: dict) -> np.ndarray:
     raise errors.IndexFormatError(f"{path} holds {deleted.shape} rows, the manifest says "
                                   f"{expected}")
   return deleted.astype(np.int64)
+
+
+def load_sparse(directory: str, manifest: dict, deleted: np.ndarray
+                ) -> Optional[sparse_index.SparseIndex]:
+  """The sparse part of a saved index (``sparse/``, when its manifest names one), checked to
+  cover the same rows and deletions as the dense part."""
+  if not manifest.get("sparse"):
+    return None
+  path = os.path.join(directory, SPARSE_DIR)
+  sparse = sparse_index.SparseIndex.load(path)
+  live = np.ones(int(manifest["num_blocks"]), bool)
+  live[deleted] = False
+  if sparse.num_rows != len(live) or not np.array_equal(sparse.live, live):
+    raise errors.IndexFormatError(
+        f"{path}: its {sparse.num_rows} rows ({sparse.num_live} live) are not the dense "
+        f"index's {len(live)} ({int(live.sum())} live): rebuild the index")
+  return sparse

@@ -140,6 +140,7 @@ def load_index(directory: str, expected_dim: Optional[int] = None,
   else:
     raise errors.IndexFormatError(f"{directory}: unknown index_type "
                                   f"{manifest['index_type']!r}")
+  index.sparse = index_base.load_sparse(directory, manifest, index.deleted)
   index.manifest = manifest
   return index
 

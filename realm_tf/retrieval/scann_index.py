@@ -461,6 +461,8 @@ class ScannIndex(index_base.MipsIndex):
       rebuilt = ScannIndex.build(self.embeddings, self._requested(),
                                  tuning_queries=self.tuning_queries() if given else None,
                                  deleted=self.deleted)
+      # The rebuild is also the sparse part's merge (its deleted blocks' postings go).
+      rebuilt.sparse = self.sparse.merged() if self.sparse is not None else None
       logging.info("ScaNN: rebuilt after updates (%d live blocks: mode %s -> %s)",
                    self.num_live, self._settings["mode"], rebuilt._settings["mode"])
       return rebuilt, action

@@ -35,7 +35,16 @@ from realm_tf.retrieval import errors
 FORMAT = "realm_tf.sparse_index/1"
 SETTINGS = {"scoring": "bm25s lucene", "k1": 1.5, "b": 0.75, "stopwords": "en",
             "lower_case": True, "stemmer": None}
+META_NAME = "sparse.json"
 _CHUNK = 10_000   # texts tokenized at a time
+
+
+def _replace(path: str, write) -> None:
+  """``write(file)`` into a temporary file, then renamed to ``path``."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "wb") as f:
+    write(f)
+  os.replace(tmp, path)
 
 
 def tokens(texts: Sequence[str]) -> List[List[str]]:
@@ -200,24 +209,29 @@ class SparseIndex:
     return rows, scores
 
   # ------------------------------------------------------------------------ persistence --
+  def summary(self) -> Dict:
+    """What a manifest records of it."""
+    return {"format": FORMAT, "settings": SETTINGS, "num_rows": self.num_rows,
+            "num_live": self.num_live, "segments": len(self.segments)}
+
   def save(self, path: str) -> None:
-    """Writes ``path/`` (a new directory): ``sparse.json`` (format, settings, vocabulary,
-    counts) and ``.npy`` arrays."""
-    os.makedirs(path)
+    """Writes ``path/``: ``sparse.json`` (:meth:`summary` and the vocabulary), last, and
+    ``.npy`` arrays, each through a temporary name (a file hard-linked from a published index
+    is replaced, never written into)."""
+    os.makedirs(path, exist_ok=True)
     arrays = {"doc_len": self.doc_len, "live": self.live, "df": self.df}
     for i, segment in enumerate(self.segments):
       arrays.update({f"segment{i}_{f}": getattr(segment, f) for f in Segment._fields})
     for name, value in arrays.items():
-      np.save(os.path.join(path, f"{name}.npy"), value, allow_pickle=False)
-    with open(os.path.join(path, "sparse.json"), "w", encoding="utf-8") as f:
-      json.dump({"format": FORMAT, "settings": SETTINGS, "num_rows": self.num_rows,
-                 "num_live": self.num_live, "segments": len(self.segments),
-                 "vocab": self.vocab}, f)
+      _replace(os.path.join(path, f"{name}.npy"),
+               lambda f, value=value: np.save(f, value, allow_pickle=False))
+    _replace(os.path.join(path, META_NAME), lambda f: f.write(
+        json.dumps(dict(self.summary(), vocab=self.vocab)).encode("utf-8")))
 
   @classmethod
   def load(cls, path: str) -> "SparseIndex":
     """Reads what :meth:`save` wrote; IndexFormatError naming the file when it is not that."""
-    meta_path = os.path.join(path, "sparse.json")
+    meta_path = os.path.join(path, META_NAME)
     try:
       with open(meta_path, encoding="utf-8") as f:
         meta = json.load(f)
@@ -228,14 +242,15 @@ class SparseIndex:
           f"{meta_path}: format {meta.get('format')!r} with settings {meta.get('settings')}; "
           f"this code reads {FORMAT!r} with {SETTINGS}: rebuild it with realm-index build")
 
-    def array(name):
+    def array(name, mmap=False):
       file = os.path.join(path, f"{name}.npy")
       try:
-        return np.load(file, allow_pickle=False)
+        return np.load(file, allow_pickle=False, mmap_mode="r" if mmap else None)
       except (OSError, ValueError) as e:
         raise errors.IndexFormatError(f"{file}: {e}; rebuild the index") from e
 
-    segments = [Segment(*[array(f"segment{i}_{f}") for f in Segment._fields])
+    # Postings are never written in place: memory-mapped, read as queries touch them.
+    segments = [Segment(*[array(f"segment{i}_{f}", mmap=True) for f in Segment._fields])
                 for i in range(meta["segments"])]
     index = cls(meta["vocab"], segments, array("doc_len"), array("live"), array("df"))
     if index.num_rows != meta["num_rows"] or index.num_live != meta["num_live"]:
