@@ -347,10 +347,14 @@ class IndexConfig(hyperparams.Config):
     recall_queries: sample queries for the recall@10 check of each build (0: skip).
     scann: ScaNN's settings (``retrieval.scann_settings.ScannSettings``: sizes, tuning
       target, quantization, the rebalance rule after updates).
+    sparse: also a BM25 part over the same blocks (``retrieval.sparse_index``), kept by
+      updates under the same commit point; a build reuses the last publication's when it
+      covers the same corpus version (BM25 does not depend on the model).
   """
   index_type: str = "scann"
   batch_size: int = 128
   recall_queries: int = 200
+  sparse: bool = True
   scann: ScannSettings = dataclasses.field(default_factory=ScannSettings)
 
 

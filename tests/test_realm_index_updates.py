@@ -26,8 +26,10 @@ from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import sharded_index
+from realm_tf.retrieval import sparse_index
 from realm_tf.retrieval import testing
 from realm_tf.retrieval import updates
+from test_sparse_index import check_against_fresh_bm25s
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 16
@@ -83,7 +85,14 @@ def _check_against_exact(setup, expected, queries, k=10):
   scores = queries @ table[live].T
   want = live[np.argsort(-scores, axis=1, kind="stable")[:, :k]]
   ids, _ = index.search(queries, k)
+  _check_sparse(index, store, live)
   return index, store, ids, want
+
+
+def _check_sparse(index, store, live):
+  """The index's BM25 part: bm25s over the live blocks' texts, indexed afresh."""
+  check_against_fresh_bm25s(index.sparse, {
+      r: sparse_index.block_text(store.titles[r], store.text(r)) for r in live})
 
 
 def test_random_updates_equal_exact_search(tmp_path):
@@ -133,6 +142,7 @@ def test_random_updates_equal_exact_search(tmp_path):
   rebuilt = mips_index.load_index(publish.read_latest(setup["index"]))
   assert rebuilt.manifest["model_step"] == 20 and rebuilt.num_live == len(expected)
   np.testing.assert_array_equal(rebuilt.search(queries, 10)[0], want)
+  _check_sparse(rebuilt, store, _live_rows(store, expected))
   # Now the index's tower is step 20's: an update with step 10's is refused.
   with pytest.raises(errors.IndexUpdateError, match="never mixes two towers"):
     updates.Updater(setup["index"], setup["model"],

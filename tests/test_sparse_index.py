@@ -12,7 +12,7 @@ from realm_tf.retrieval import sparse_index
 WORDS = ("paris france capital river seine tower the of and is city bridge louvre museum art "
          "king queen war peace treaty year").split()
 QUERIES = ["capital of France", "the river Seine in Paris", "war and peace treaty treaty",
-           "museum", "nothing matches zzz", "king"]
+           "museum", "nothing matches zzz", "king", "number 3 1", "update 4 2"]
 
 
 def texts(rng, n):

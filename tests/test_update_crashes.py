@@ -51,19 +51,24 @@ CASES = [pytest.param(op, phase, marks=() if (op, phase) in FAST else pytest.mar
 
 def _state(setup):
   """(rows of TITLE live in the corpus, those rows live in the index LATEST names, the index's
-  live blocks, the corpus's live blocks, the index)."""
+  live blocks, the corpus's live blocks, the index's path, those rows live in its sparse part,
+  the sparse part's best block for the document's words)."""
   store = block_store.BlockStore.open(setup["blocks"])
   path = publish.read_latest(setup["index"])
   index = mips_index.load_index(path, expected_fingerprint=store.fingerprints)
   rows = [r for r in range(len(store)) if store.titles[r] == TITLE]
   in_corpus = [r for r in rows if store.is_live([r])[0]]
   in_index = [r for r in rows if r < index.num_blocks and r not in set(index.deleted.tolist())]
-  return in_corpus, in_index, index.num_live, len(store) - len(store.deleted), path
+  in_sparse = [r for r in rows if r < index.sparse.num_rows and index.sparse.live[r]]
+  best = index.sparse.search([f"{TITLE} {DOC['text']}"], 1)[0][0, 0]
+  return (in_corpus, in_index, index.num_live, len(store) - len(store.deleted), path,
+          in_sparse, best)
 
 
 def _check_consistent(setup):
-  in_corpus, in_index, index_live, corpus_live, path = _state(setup)
-  assert in_corpus == in_index, (in_corpus, in_index)   # In both, or in neither.
+  in_corpus, in_index, index_live, corpus_live, path, in_sparse, best = _state(setup)
+  assert in_corpus == in_index == in_sparse, (in_corpus, in_index, in_sparse)  # All or none.
+  assert (best in in_corpus) == bool(in_corpus)   # BM25 finds it exactly when it is live.
   assert index_live == corpus_live
   names = os.listdir(setup["index"])
   assert not [n for n in names if n.startswith(publish.TMP_PREFIX)], names

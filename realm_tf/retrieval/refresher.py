@@ -45,8 +45,10 @@ from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
+from realm_tf.retrieval import index_base
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
+from realm_tf.retrieval import sparse_index
 
 RECALL_K = 10
 
@@ -64,6 +66,7 @@ class BuildOptions:
       it is measured, ScaNN also tunes itself (``scann.target_recall``) on
       ``scann.tuning_queries`` other sample blocks' query-tower embeddings; otherwise on rows
       of the embeddings.
+    sparse: also a BM25 part over the same blocks (``configs.IndexConfig.sparse``).
     keep: indexes kept in ``index_dir``.
     tensorboard_dir: where build summaries go (default ``index_dir/tensorboard``; "" for none).
     progress: show progress bars.
@@ -72,6 +75,7 @@ class BuildOptions:
   scann: mips_index.ScannSettings = dataclasses.field(default_factory=mips_index.ScannSettings)
   batch_size: int = 128
   recall_queries: int = 200
+  sparse: bool = True
   keep: int = 3
   tensorboard_dir: Optional[str] = None
   progress: bool = True
@@ -81,12 +85,13 @@ class BuildOptions:
     """The options of an ``IndexConfig``; ``runtime``: ``keep``, ``tensorboard_dir``,
     ``progress``."""
     return cls(index_type=config.index_type, scann=config.scann, batch_size=config.batch_size,
-               recall_queries=config.recall_queries, **runtime)
+               recall_queries=config.recall_queries, sparse=config.sparse, **runtime)
 
   def index_config(self) -> configs.IndexConfig:
     """The ``IndexConfig`` these options hold (recorded in each manifest)."""
     return configs.IndexConfig(index_type=self.index_type, batch_size=self.batch_size,
-                               recall_queries=self.recall_queries, scann=self.scann)
+                               recall_queries=self.recall_queries, scann=self.scann,
+                               sparse=self.sparse)
 
 
 def has_block_tower(config, checkpoint_path: str) -> bool:
@@ -285,6 +290,22 @@ class Refresher:
                                           int(manifest["num_blocks"]) - rows_from,
                                           where=self.blocks_dir)
 
+  def sparse_part(self, manifest: dict) -> sparse_index.SparseIndex:
+    """BM25 over the corpus version ``manifest``: the last publication's sparse part when it
+    covers that version (it does not depend on the model), else built from the block store."""
+    latest = publish.read_latest(self.index_dir)
+    if latest:
+      path = os.path.join(self.index_dir, latest)
+      published = index_base.read_manifest(path)
+      if (published.get("sparse") and
+          published.get("corpus_fingerprint") == manifest["fingerprint"]):
+        return index_base.load_sparse(path, published,
+                                      index_base.load_deleted(path, published))
+    store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
+    sparse = sparse_index.SparseIndex.build(sparse_index.store_texts(store, range(len(store))))
+    sparse.delete(corpus_updates.deleted_rows(manifest))
+    return sparse
+
   def catch_up(self, index: mips_index.MipsIndex, manifest: Optional[dict] = None):
     """``(index, manifest, changes)``: ``index`` brought up to the corpus version ``manifest``
     (default: the current one). Rows it lacks are embedded with the restored block tower and
@@ -301,7 +322,11 @@ class Refresher:
         raise errors.RetrievalError(
             "blocks were added to the corpus but this index has no block tower to embed them "
             "(built from precomputed embeddings): rebuild it")
-      index.append(self.embed_rows(manifest, rows_from=have))
+      texts = None
+      if index.sparse is not None:
+        store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
+        texts = list(sparse_index.store_texts(store, range(have, want)))
+      index.append(self.embed_rows(manifest, rows_from=have), texts)
     dead = np.setdiff1d(corpus_updates.deleted_rows(manifest), index.deleted)
     if dead.size:
       index.delete(dead)
@@ -409,6 +434,8 @@ class Refresher:
     tune_queries, measure_queries = self._split_queries(num_blocks - len(deleted))
     index = mips_index.build_index(table, opts.index_type, opts.scann,
                                    tuning_queries=tune_queries, deleted=deleted)
+    if opts.sparse:
+      index.sparse = self.sparse_part(self.blocks_manifest)
     built = time.time()
     recall = self.measure_recall(index, table, measure_queries)
     metadata = {

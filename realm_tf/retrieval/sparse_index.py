@@ -25,7 +25,7 @@ published index is ever unpickled.
 import itertools
 import json
 import os
-from typing import Dict, Iterable, List, NamedTuple, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, NamedTuple, Sequence, Tuple
 
 import bm25s
 import numpy as np
@@ -55,9 +55,15 @@ def tokens(texts: Sequence[str]) -> List[List[str]]:
                         return_ids=False, show_progress=False)
 
 
-def block_text(block: Dict) -> str:
+def block_text(title: str, body: str) -> str:
   """What BM25 reads of a block: its title, then its body."""
-  return f"{block['title']}\n{block['body']}"
+  return f"{title}\n{body}"
+
+
+def store_texts(store, rows: Iterable[int]) -> Iterator[str]:
+  """:func:`block_text` of each of ``rows`` of a ``data.block_store.BlockStore``."""
+  for row in rows:
+    yield block_text(store.titles[row], store.texts[row])
 
 
 class Segment(NamedTuple):
