@@ -253,7 +253,11 @@ def test_answer_prints_answer_and_evidence(world):
   for a in answers:
     assert set(a) == {"question", "answer", "score", "block_rank", "start", "end", "evidence"}
     assert len(a["evidence"]) == 5
-    assert {"block_id", "title", "text", "retrieval_score"} == set(a["evidence"][0])
+    assert {"block_id", "title", "text", "retrieval_score", "dense_rank",
+            "bm25_rank"} == set(a["evidence"][0])
+    # The default retriever is the dense one: its beam, in its order, none of it BM25's.
+    assert [e["dense_rank"] for e in a["evidence"]] == list(range(5))
+    assert {e["bm25_rank"] for e in a["evidence"]} == {-1}
     block = a["evidence"][a["block_rank"]]
     assert block["text"][a["start"]:a["end"]] == a["answer"] != ""
     assert f"[[{' '.join(a['answer'].split())}]]" in out

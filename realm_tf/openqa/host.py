@@ -70,13 +70,14 @@ def open_index(index_dir: str, blocks_dir: str = "", expected_dim: Optional[int]
 def build_input_builder(model: configs.RealmModelConfig, index_dir: str, blocks_dir: str = "",
                         retriever_beam_size: int = 5000, reader_beam_size: int = 5,
                         max_gold_spans: int = 32, trainable_blocks: int = 0,
-                        watch: bool = False, wait_seconds: float = 0.0
-                        ) -> inputs_lib.OpenQaInputBuilder:
+                        watch: bool = False, wait_seconds: float = 0.0,
+                        retriever: str = "dense") -> inputs_lib.OpenQaInputBuilder:
   """The host side of a model over an index: the index, its embeddings, the block texts and
   titles and the tokenizer (``open_index`` for ``blocks_dir``, ``watch``, ``wait_seconds``).
 
   ``trainable_blocks`` N > 0: the builder also gives the top N beam blocks' block-tower inputs,
-  packed from the block store per batch as the refresher packs the corpus.
+  packed from the block store per batch as the refresher packs the corpus. ``retriever``:
+  ``inputs.OpenQaInputBuilder``'s.
   """
   handle, blocks_dir = open_index(index_dir, blocks_dir, model.retriever.projection_size,
                                   watch=watch, wait_seconds=wait_seconds)
@@ -95,7 +96,7 @@ def build_input_builder(model: configs.RealmModelConfig, index_dir: str, blocks_
       reader_beam_size=reader_beam_size, max_gold_spans=max_gold_spans,
       titles=store.titles.blocks(), blocks=store if trainable_blocks else None,
       block_seq_length=model.retriever.block_seq_length, trainable_blocks=trainable_blocks,
-      handle=handle)
+      handle=handle, retriever=retriever)
 
 
 def feature_signature(cfg: configs.OpenQaTaskConfig, num_blocks: int

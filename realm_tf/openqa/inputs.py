@@ -34,6 +34,7 @@ from realm_tf import configs
 from realm_tf import errors
 from realm_tf.data import answers as answers_lib
 from realm_tf.data import qa as qa_lib
+from realm_tf.retrieval import hybrid
 
 FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_ids", "beam_emb",
             "retriever_correct", "reader_word_ids", "reader_mask", "reader_type_ids",
@@ -243,6 +244,8 @@ class OpenQaInputBuilder:
       ``trainable_blocks`` of each beam then also get ``beam_block_*`` features, their
       block-tower inputs at ``block_seq_length``, gathered per batch.
     handle: the ``IndexHandle`` that ``search`` goes through, for ``maybe_swap``.
+    retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (``search``),
+      ``bm25`` or ``hybrid`` (these two through ``handle``'s index's sparse part).
   """
 
   def __init__(self, bodies: Sequence[str], embeddings: np.ndarray, search: Callable,
@@ -250,7 +253,7 @@ class OpenQaInputBuilder:
                retriever_beam_size: int, reader_beam_size: int, max_gold_spans: int = 32,
                titles: Optional[Sequence[str]] = None,
                blocks=None, block_seq_length: int = 0, trainable_blocks: int = 0,
-               handle=None):
+               handle=None, retriever: str = hybrid.DEFAULT):
     if len(bodies) != len(embeddings):
       raise ValueError(f"{len(bodies)} blocks but {len(embeddings)} block embeddings")
     if reader_beam_size > retriever_beam_size:
@@ -278,6 +281,7 @@ class OpenQaInputBuilder:
     self.block_seq_length = block_seq_length
     self.trainable_blocks = trainable_blocks
     self.handle = handle
+    self.retriever = hybrid.check(retriever, handle.index if handle is not None else None)
     self._blocks: Dict[int, BlockText] = {}
     self._pack_questions = None
     self.stats = dict(questions=0, questions_truncated=0, spans_dropped=0)
@@ -339,14 +343,18 @@ class OpenQaInputBuilder:
 
   def features(self, questions: Sequence[Question], query_embeddings: np.ndarray,
                question_indices: Optional[Sequence[int]] = None,
-               question_inputs: Optional[Dict[str, np.ndarray]] = None
-               ) -> Dict[str, np.ndarray]:
-    """The batch's features (``FEATURES``), every array with the batch as first axis."""
+               question_inputs: Optional[Dict[str, np.ndarray]] = None,
+               with_ranks: bool = False) -> Dict[str, np.ndarray]:
+    """The batch's features (``FEATURES``), every array with the batch as first axis; with
+    ``with_ranks``, also each beam block's rank in the dense and the BM25 list
+    (``beam_dense_rank``, ``beam_bm25_rank``: ``hybrid.Beam``)."""
     n = len(questions)
     if question_inputs is None:
       question_inputs = self.question_inputs([q.question for q in questions])
-    ids, _ = self.search(np.asarray(query_embeddings, np.float32), self.beam)
-    ids = np.asarray(ids, np.int64)
+    beam = hybrid.retrieve(self.handle.index if self.handle is not None else None,
+                           self.retriever, np.asarray(query_embeddings, np.float32),
+                           [q.question for q in questions], self.beam, dense_search=self.search)
+    ids = beam.ids
     correct = np.array([[has_answer(self.bodies[i], q.answers, q.is_regex) for i in row]
                         for q, row in zip(questions, ids)], dtype=bool).reshape(n, self.beam)
     answer_ids = self.answer_ids(questions)
@@ -378,6 +386,8 @@ class OpenQaInputBuilder:
       packed = self.blocks.gather_packed(ids[:, :self.trainable_blocks], self.block_seq_length,
                                          self.tokenizer.cls_id, self.tokenizer.sep_id)
       features.update({f"beam_block_{k[6:]}": v for k, v in packed.items()})
+    if with_ranks:
+      features.update(beam_dense_rank=beam.dense_rank, beam_bm25_rank=beam.bm25_rank)
     return features
 
   def answer_ids(self, questions: Sequence[Question]) -> List[List[np.ndarray]]:

@@ -32,11 +32,14 @@ from realm_tf.openqa import inputs as inputs_lib
 
 @dataclasses.dataclass
 class Evidence:
-  """One block read for a question."""
+  """One block read for a question; ``dense_rank`` and ``bm25_rank``: its place (from 0) in
+  the dense and the BM25 top list, -1 when not there (``retrieval.hybrid``)."""
   block_id: int
   title: str
   text: str
   retrieval_score: float
+  dense_rank: int = -1
+  bm25_rank: int = -1
 
 
 @dataclasses.dataclass
@@ -137,6 +140,8 @@ class OpenQA:
     reader_beam_size: blocks read per question (ORQA: 5).
     retriever_beam_size: blocks retrieved per question, at most the corpus (default: the
       reader beam; more only for ``top_k_match`` in evaluation).
+    retriever: ``dense``, ``bm25`` or ``hybrid`` (``retrieval.hybrid``): the reader reads
+      their blocks the same way, each with the query tower's logit for it.
   """
 
   def __init__(self, model: OpenQaModel, builder: inputs_lib.OpenQaInputBuilder,
@@ -156,7 +161,7 @@ class OpenQA:
   @classmethod
   def load(cls, model_dir: str, index_dir: str, blocks_dir: Optional[str] = None,
            checkpoint: Optional[str] = None, reader_beam_size: int = 5,
-           retriever_beam_size: Optional[int] = None) -> "OpenQA":
+           retriever_beam_size: Optional[int] = None, retriever: str = "dense") -> "OpenQA":
     config = model_dir_lib.load_config(model_dir)
     checkpoint = checkpoint or best_checkpoint(model_dir)
     check_span_scorer(checkpoint, model_dir)
@@ -164,7 +169,7 @@ class OpenQA:
     model_dir_lib.restore(checkpoint, query_embedder=model.query_embedder, reader=model.reader)
     builder = host.build_input_builder(
         config, index_dir, blocks_dir or "", reader_beam_size=reader_beam_size,
-        retriever_beam_size=retriever_beam_size or reader_beam_size)
+        retriever_beam_size=retriever_beam_size or reader_beam_size, retriever=retriever)
     return cls(model, builder, checkpoint)
 
   def predict(self, questions: Sequence[inputs_lib.Question]) -> List[Dict]:
@@ -178,7 +183,8 @@ class OpenQA:
     question_inputs = self.builder.question_inputs([q.question for q in questions])
     embeddings = self._embed({f"input_{k[9:]}": tf.constant(v)
                               for k, v in question_inputs.items()}).numpy()
-    features = self.builder.features(questions, embeddings, question_inputs=question_inputs)
+    features = self.builder.features(questions, embeddings, question_inputs=question_inputs,
+                                     with_ranks=True)
     blocks = [self.builder.block_texts(row[:self.builder.read]) for row in features["beam_ids"]]
     middle = time.perf_counter()
     device = {k: tf.constant(features[k]) for k in host.MODEL_FEATURES}
@@ -198,7 +204,8 @@ class OpenQA:
           block_rank=rank, start=char_start, end=char_end, beam_ids=features["beam_ids"][i],
           retriever_logits=retriever_logits[i],
           retriever_correct=features["retriever_correct"][i].astype(bool),
-          span_match=self._span_match(features, i, rank, s, e), blocks=blocks[i]))
+          span_match=self._span_match(features, i, rank, s, e), blocks=blocks[i],
+          dense_rank=features["beam_dense_rank"][i], bm25_rank=features["beam_bm25_rank"][i]))
     return results
 
   @staticmethod
@@ -216,9 +223,10 @@ class OpenQA:
       batch = [inputs_lib.Question(q, []) for q in questions[start:start + batch_size]]
       for r in self.predict(batch):
         evidence = [Evidence(int(block_id), self.titles[int(block_id)], block.text,
-                             float(score))
-                    for block_id, score, block in zip(r["beam_ids"], r["retriever_logits"],
-                                                      r["blocks"])]
+                             float(score), int(dense), int(bm25))
+                    for block_id, score, block, dense, bm25 in zip(
+                        r["beam_ids"], r["retriever_logits"], r["blocks"], r["dense_rank"],
+                        r["bm25_rank"])]
         out.append(Answer(r["question"].question, r["answer"], r["score"], r["block_rank"],
                           r["start"], r["end"], evidence))
     return out

@@ -26,6 +26,13 @@ def snippet(text: str, start: int = -1, end: int = -1, width: int = 160) -> str:
   return f"{pre}{pad_left}[[{answer}]]{pad_right}{post}".strip()
 
 
+def found_by(e: predict.Evidence) -> str:
+  """Which retriever found a block, at which rank (from 1): "dense #1, bm25 #3"."""
+  ranks = [f"{name} #{rank + 1}" for name, rank in (("dense", e.dense_rank),
+                                                     ("bm25", e.bm25_rank)) if rank >= 0]
+  return ", ".join(ranks) or "given beam"
+
+
 def format_answer(answer: predict.Answer, width: int = 160) -> str:
   """The text report of one answer: answer, score and the evidence read."""
   lines = [f"question: {answer.question}",
@@ -35,7 +42,7 @@ def format_answer(answer: predict.Answer, width: int = 160) -> str:
     here = rank == answer.block_rank and bool(answer.answer)
     mark = "*" if here else " "
     lines.append(f" {mark}{rank + 1:2d}. [{e.retrieval_score:8.3f}] {e.title}  "
-                 f"(block {e.block_id})")
+                 f"(block {e.block_id}; {found_by(e)})")
     lines.append("      " + (snippet(e.text, answer.start, answer.end, width) if here
                              else snippet(e.text, width=width)))
   return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""One retriever choice (retrieval/hybrid.py): reciprocal-rank fusion, BM25 beams, the checks,
+and the Open-QA builder's beams over a published index with its BM25 part."""
+
+import numpy as np
+import pytest
+
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.openqa import host
+from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.openqa import predict
+from realm_tf.openqa import report
+from realm_tf.retrieval import errors
+from realm_tf.retrieval import hybrid
+from realm_tf.retrieval import mips_index
+from realm_tf.retrieval import publish
+
+from test_realm_index_updates import _setup
+
+
+def brute_force_rrf(dense, sparse, k, c=60):
+  scores = {}
+  for ranked in (dense, sparse):
+    for rank, b in enumerate([b for b in ranked if b >= 0]):
+      scores[b] = scores.get(b, 0) + 1 / (c + rank + 1)
+  dense = list(dense)
+  order = sorted(scores, key=lambda b: (-scores[b], dense.index(b) if b in dense else 1e9, b))
+  return (order + [-1] * k)[:k]
+
+
+def test_fusion_is_reciprocal_rank_fusion_with_each_blocks_ranks():
+  rng = np.random.default_rng(0)
+  dense = np.stack([rng.permutation(30)[:6] for _ in range(40)])
+  sparse = np.stack([rng.permutation(30)[:6] for _ in range(40)])
+  sparse[::3, 4:] = -1                                   # BM25 found fewer blocks
+  beam = hybrid.fuse(dense, sparse, 6)
+  for i in range(len(dense)):
+    assert beam.ids[i].tolist() == brute_force_rrf(dense[i], sparse[i], 6)
+    for j, b in enumerate(beam.ids[i]):
+      for ranks, ranked in ((beam.dense_rank, dense[i]), (beam.bm25_rank, sparse[i])):
+        want = list(ranked).index(b) if b in ranked else -1
+        assert ranks[i, j] == want
+  # A block first in both lists is first; one in both lists beats one in either alone.
+  beam = hybrid.fuse(np.array([[7, 1, 2]]), np.array([[7, 2, 5]]), 3)
+  assert beam.ids.tolist() == [[7, 2, 1]]
+
+
+def test_a_short_bm25_list_is_filled_by_the_dense_list():
+  filled = hybrid.fill(np.array([[4, -1, -1], [1, 2, 3]]), np.array([[4, 9, 8], [5, 6, 7]]))
+  np.testing.assert_array_equal(filled, [[4, 9, 8], [1, 2, 3]])
+
+
+def test_bad_choices_are_refused_with_the_reason():
+  class NoSparse:
+    sparse = None
+  with pytest.raises(errors.RetrievalError, match="unknown retriever 'bm42': one of dense"):
+    hybrid.check("bm42")
+  with pytest.raises(errors.RetrievalError, match="published without one"):
+    hybrid.check("hybrid", NoSparse())
+  assert hybrid.check("dense", NoSparse()) == "dense"
+
+
+def test_builder_beams_over_a_published_index_and_the_evidence_says_who_found_it(tmp_path):
+  setup = _setup(tmp_path, num_blocks=80)
+  config = model_dir_lib.load_config(setup["model"])
+  index = mips_index.load_index(publish.read_latest(setup["index"]))
+  questions = [inputs_lib.Question("which river runs through paris?", ["seine"]),
+               inputs_lib.Question("the king of france", ["louis"])]
+  beams = {}
+  for retriever in hybrid.RETRIEVERS:
+    builder = host.build_input_builder(config, setup["index"], retriever_beam_size=6,
+                                       reader_beam_size=3, retriever=retriever)
+    emb = np.random.default_rng(1).normal(size=[2, config.retriever.projection_size])
+    features = builder.features(questions, emb, with_ranks=True)
+    beams[retriever] = features
+    dense_ids = index.search(emb.astype(np.float32), 6)[0]
+    bm25_ids = index.sparse.search([q.question for q in questions], 6)[0]
+    want = {"dense": dense_ids, "bm25": hybrid.fill(bm25_ids, dense_ids),
+            "hybrid": hybrid.fuse(dense_ids, bm25_ids, 6).ids}[retriever]
+    np.testing.assert_array_equal(features["beam_ids"], want)
+    np.testing.assert_array_equal(features["beam_emb"], index.embeddings[want])
+  assert (beams["dense"]["beam_bm25_rank"] == -1).all()
+  assert (beams["bm25"]["beam_bm25_rank"][:, 0] == 0).all()
+  # The report names the retrievers of each block read.
+  e = predict.Evidence(3, "Paris", "text", 1.0, dense_rank=2, bm25_rank=0)
+  assert report.found_by(e) == "dense #3, bm25 #1"
+  assert report.found_by(predict.Evidence(3, "t", "x", 1.0)) == "given beam"
