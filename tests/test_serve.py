@@ -130,6 +130,32 @@ def test_answers_match_openqa(world):
   assert "AnswerResponse" in spec["components"]["schemas"]
 
 
+@pytest.mark.parametrize("retriever", ["bm25", "hybrid"])
+def test_each_retriever_answers_as_openqa_does_and_says_who_found_each_block(world, retriever,
+                                                                          monkeypatch):
+  qa = predict.OpenQA.load(world["model"], world["index"], retriever=retriever)
+  for question in world["questions"][:3]:
+    want = qa.answer([question])[0]
+    status, got = request(world["url"] + "/answer",
+                          {"question": question, "top_k": 5, "retriever": retriever})
+    assert status == 200, got
+    best = got["answers"][0]
+    assert (best["answer"], best["start"], best["end"]) == (want.answer, want.start, want.end)
+    for a in got["answers"]:
+      e, w = a["evidence"], want.evidence[a["evidence"]["rank"]]
+      assert (e["block_id"], e["dense_rank"], e["bm25_rank"]) == (
+          w.block_id, w.dense_rank, w.bm25_rank)
+    assert 0 in [a["evidence"]["bm25_rank"] for a in got["answers"]]   # BM25's first is read
+  _, health = request(world["url"] + "/healthz")
+  assert health["retrievers"] == ["dense", "bm25", "hybrid"]
+  # An index published without its BM25 part serves the dense retriever only.
+  monkeypatch.setattr(world["service"]._current.builder.handle.index, "sparse", None)  # pylint: disable=protected-access
+  status, got = request(world["url"] + "/answer", {"question": "where?", "retriever": retriever})
+  assert status == 422 and "published without one" in got["error"], got
+  status, _ = request(world["url"] + "/answer", {"question": "where?"})
+  assert status == 200
+
+
 BAD = [  # (what, body bytes, headers, status, words of the message)
     ("empty question", b'{"question": ""}', {}, 422, "empty"),
     ("whitespace question", b'{"question": "  \\t\\n "}', {}, 422, "empty"),
@@ -143,6 +169,8 @@ BAD = [  # (what, body bytes, headers, status, words of the message)
     ("top_k zero", b'{"question": "where?", "top_k": 0}', {}, 422, "top_k"),
     ("top_k over the beam", b'{"question": "where?", "top_k": 6}', {}, 422, "top_k"),
     ("unknown field", b'{"question": "where?", "k": 1}', {}, 422, "k"),
+    ("unknown retriever", b'{"question": "where?", "retriever": "bm42"}', {}, 422,
+     "retriever"),
     ("no body", b"", {}, 422, "body"),
     ("body too large", json.dumps({"question": "x" * 5000}).encode(), {}, 413, "bytes"),
 ]

@@ -116,8 +116,9 @@ def trained(tmp_path_factory):
                               for a in q["answers"]}))
 
 
-def _ask(url, question, top_k=5):
-  status, got = request(url + "/answer", {"question": question, "top_k": top_k})
+def _ask(url, question, top_k=5, retriever="dense"):
+  status, got = request(url + "/answer",
+                        {"question": question, "top_k": top_k, "retriever": retriever})
   assert status == 200, got
   return got
 
@@ -282,6 +283,23 @@ def test_page_in_a_headless_browser(trained, tmp_path):
     for card, a in zip(alternatives, want[1:]):
       assert card.find_element(By.TAG_NAME, "mark").text == a["answer"]
       assert a["evidence"]["title"] in card.text
+    assert f"found by dense #{want[0]['evidence']['dense_rank'] + 1}" in best.text
+    # The retriever menu lists what /healthz serves; the hybrid's blocks say who found them.
+    menu = driver.find_element(By.ID, "retriever")
+    options = [o.get_attribute("value") for o in menu.find_elements(By.TAG_NAME, "option")]
+    assert options == ["dense", "bm25", "hybrid"]
+    menu.find_element(By.CSS_SELECTOR, "option[value=hybrid]").click()
+    hybrid = _ask(trained["url"], question, retriever="hybrid")["answers"]
+    driver.find_element(By.ID, "ask").click()
+    WebDriverWait(driver, 60).until(expected_conditions.staleness_of(best))
+    best = WebDriverWait(driver, 60).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".best")))
+    WebDriverWait(driver, 60).until(
+        expected_conditions.presence_of_element_located((By.CSS_SELECTOR, ".best mark")))
+    assert driver.find_element(By.CSS_SELECTOR, ".best mark").text == hybrid[0]["answer"]
+    ranks = [f"{name} #{hybrid[0]['evidence'][f'{name}_rank'] + 1}"
+             for name in ("dense", "bm25") if hybrid[0]["evidence"][f"{name}_rank"] >= 0]
+    assert f"found by {', '.join(ranks)}" in best.text
     # Kept in $REALM_TF_SCREENSHOT_DIR when that is set (experiments/results/serve_page.png
     # was made so), else in the test's temporary directory.
     screenshot = os.path.join(os.environ.get("REALM_TF_SCREENSHOT_DIR") or str(tmp_path),

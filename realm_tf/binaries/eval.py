@@ -27,6 +27,7 @@ from realm_tf.binaries import cli
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import predict
+from realm_tf.retrieval import hybrid
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
 flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
@@ -41,6 +42,9 @@ flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question.", lower_b
 flags.DEFINE_integer("retriever_beam_size", 5000,
                      "Blocks retrieved per question, for top-k match (capped at the corpus "
                      "size).", lower_bound=1)
+flags.DEFINE_enum("retriever", hybrid.DEFAULT, hybrid.RETRIEVERS,
+                  "The blocks read and ranked: the dense index's, BM25's (the index's sparse "
+                  "part) or both fused by reciprocal rank (realm_tf/retrieval/hybrid.py).")
 flags.DEFINE_integer("batch_size", 32, "Questions per batch.", lower_bound=1)
 flags.DEFINE_string("output_dir", None,
                     "Where the predictions and metrics go (default: <model_dir>/eval_<dataset>"
@@ -88,7 +92,8 @@ def main(argv):
     raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
   qa = predict.OpenQA.load(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir,
                            checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size,
-                           retriever_beam_size=FLAGS.retriever_beam_size)
+                           retriever_beam_size=FLAGS.retriever_beam_size,
+                           retriever=FLAGS.retriever)
   metrics, rows = evaluation.evaluate(qa, records, batch_size=FLAGS.batch_size,
                                       progress=FLAGS.progress, skipped_lines=len(skipped))
   metrics.update(dataset=FLAGS.dataset, qa_file=path)

@@ -57,6 +57,7 @@ def _evidence_row(qa, result: Dict) -> Dict:
     blocks.append(dict(
         rank=rank, block_id=int(block_id), title=qa.titles[int(block_id)],
         retrieval_score=float(score), has_answer=bool(has_answer), text=block.text,
+        dense_rank=int(result["dense_rank"][rank]), bm25_rank=int(result["bm25_rank"][rank]),
         answer_start=result["start"] if found else None,
         answer_end=result["end"] if found else None))
   hits = np.flatnonzero(result["retriever_correct"])
@@ -133,7 +134,8 @@ def evaluate(qa, records: Sequence[qa_lib.QARecord], batch_size: int = 32,
       questions=n, correct=int(np.sum(em)), skipped_lines=int(skipped_lines),
       # Questions longer than the query tower's input, cut to fit (ORQA never cuts).
       questions_truncated=qa.builder.count_truncated([r.question for r in records]),
-      retriever_beam_size=int(beam), reader_beam_size=int(read),
+      retriever=qa.builder.retriever, retriever_beam_size=int(beam),
+      reader_beam_size=int(read),
       retrieval_seconds=float(retrieval), reading_seconds=float(reading),
       retrieval_seconds_per_question=float(retrieval / n),
       reading_seconds_per_question=float(reading / n),

@@ -344,15 +344,17 @@ class OpenQaInputBuilder:
   def features(self, questions: Sequence[Question], query_embeddings: np.ndarray,
                question_indices: Optional[Sequence[int]] = None,
                question_inputs: Optional[Dict[str, np.ndarray]] = None,
-               with_ranks: bool = False) -> Dict[str, np.ndarray]:
+               with_ranks: bool = False, retriever: Optional[str] = None
+               ) -> Dict[str, np.ndarray]:
     """The batch's features (``FEATURES``), every array with the batch as first axis; with
     ``with_ranks``, also each beam block's rank in the dense and the BM25 list
-    (``beam_dense_rank``, ``beam_bm25_rank``: ``hybrid.Beam``)."""
+    (``beam_dense_rank``, ``beam_bm25_rank``: ``hybrid.Beam``). ``retriever``: this batch's
+    (default: the builder's)."""
     n = len(questions)
     if question_inputs is None:
       question_inputs = self.question_inputs([q.question for q in questions])
     beam = hybrid.retrieve(self.handle.index if self.handle is not None else None,
-                           self.retriever, np.asarray(query_embeddings, np.float32),
+                           retriever or self.retriever, np.asarray(query_embeddings, np.float32),
                            [q.question for q in questions], self.beam, dense_search=self.search)
     ids = beam.ids
     correct = np.array([[has_answer(self.bodies[i], q.answers, q.is_regex) for i in row]

@@ -45,8 +45,11 @@ def check(retriever: str, index=None) -> str:
 
 def _ranks(ids: np.ndarray, lists: np.ndarray) -> np.ndarray:
   """For each ``ids[i, j]``, its position in ``lists[i]`` (-1 when absent)."""
-  hit = (ids[:, :, None] == lists[:, None, :]) & (ids[:, :, None] >= 0)
-  return np.where(hit.any(-1), hit.argmax(-1), -1).astype(np.int32)
+  out = np.full(ids.shape, -1, np.int32)
+  for row, found, ranked in zip(out, ids, lists):
+    rank = {b: r for r, b in reversed(list(enumerate(ranked.tolist()))) if b >= 0}
+    row[:] = [rank.get(b, -1) for b in found.tolist()]
+  return out
 
 
 def fuse(dense_ids: np.ndarray, bm25_ids: np.ndarray, k: int, rrf_k: int = RRF_K) -> Beam:

@@ -39,7 +39,7 @@ import hmac
 import importlib.resources
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Literal, Optional
 
 from absl import logging
 import fastapi
@@ -66,6 +66,9 @@ class AnswerRequest(pydantic.BaseModel):
   question: str = pydantic.Field(description="The question, in plain text.")
   top_k: int = pydantic.Field(3, ge=1, description="How many answers: the best span of each "
                               "of the best top_k blocks read (at most the reader's beam).")
+  retriever: Literal["dense", "bm25", "hybrid"] = pydantic.Field(
+      "dense", description="The blocks read: the dense index's top, BM25's (the index's "
+      "sparse part) or both fused by reciprocal rank. GET /healthz lists those served.")
 
 
 class Evidence(pydantic.BaseModel):
@@ -75,6 +78,10 @@ class Evidence(pydantic.BaseModel):
   text: str
   rank: int = pydantic.Field(description="Its place among the blocks read, best retrieved 0.")
   retrieval_score: float = pydantic.Field(description="Its retriever score q . e(z).")
+  dense_rank: int = pydantic.Field(description="Its place in the dense top list (from 0; "
+                                   "-1: not there).")
+  bm25_rank: int = pydantic.Field(description="Its place in BM25's top list (from 0; -1: not "
+                                  "there, or BM25 not asked).")
 
 
 class Answer(pydantic.BaseModel):
@@ -344,9 +351,12 @@ def create_app(open_service: Optional[Callable[[], service_lib.QAService]],
                          f"{max_question_chars}")
     if body.top_k > service.reader_beam_size:
       return _error(422, f"top_k: at most {service.reader_beam_size} (the blocks read)")
+    if not service.supports(body.retriever):
+      return _error(422, f"retriever: {body.retriever!r} needs the index's BM25 part, and the "
+                         "index served was published without one (IndexConfig.sparse)")
     # Admitted (or refused: Overloaded, Unavailable) here, on the event loop: no thread waits
     # for a slot.
-    future = asyncio.wrap_future(service.submit(question, body.top_k))
+    future = asyncio.wrap_future(service.submit(question, body.top_k, body.retriever))
     done, _ = await asyncio.wait([future], timeout=service.timeout_seconds)
     if not done:
       future.cancel()  # The service skips the question, or drops it when it closes.

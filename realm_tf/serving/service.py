@@ -52,6 +52,7 @@ from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import errors as retrieval_errors
 from realm_tf.retrieval import handle as handle_lib
+from realm_tf.retrieval import hybrid
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 from realm_tf.retrieval import updates
@@ -149,6 +150,7 @@ class _Request:
   top_k: int
   future: concurrent.futures.Future
   enqueued: float
+  retriever: str = hybrid.DEFAULT
 
 
 class QAService:
@@ -282,7 +284,13 @@ class QAService:
     return True
 
   # ---- answering ----
-  def submit(self, question: str, top_k: int) -> concurrent.futures.Future:
+  def supports(self, retriever: str) -> bool:
+    """Whether the index served now can retrieve with ``retriever`` (``bm25`` and ``hybrid``
+    need its BM25 part)."""
+    return retriever == "dense" or self._current.builder.handle.index.sparse is not None
+
+  def submit(self, question: str, top_k: int,
+             retriever: str = hybrid.DEFAULT) -> concurrent.futures.Future:
     """Queues a question; its future gives :meth:`_answer_batch`'s answer. Raises
     :class:`Overloaded` when ``max_in_flight`` requests are in flight."""
     if self._stop.is_set():
@@ -294,7 +302,7 @@ class QAService:
       self._in_flight += 1
     future = concurrent.futures.Future()
     future.add_done_callback(self._release)
-    self._queue.put(_Request(question, top_k, future, time.perf_counter()))
+    self._queue.put(_Request(question, top_k, future, time.perf_counter(), retriever))
     return future
 
   def _release(self, unused_future) -> None:
@@ -317,31 +325,37 @@ class QAService:
       batch = [r for r in batch if r.future.set_running_or_notify_cancel()]
       if not batch:
         continue
-      start = time.perf_counter()
-      try:
-        answers = self._answer_batch(self._current, [r.question for r in batch],
-                                     max(r.top_k for r in batch))
-      except Exception as e:  # pylint: disable=broad-except
-        logging.exception("realm-serve: a batch failed")
-        for r in batch:
-          r.future.set_exception(e)
-        continue
-      for r, a in zip(batch, answers):
-        a["answers"] = a["answers"][:r.top_k]
-        a["timings"]["queue_ms"] = round(1000 * (start - r.enqueued), 2)
-        a["timings"]["total_ms"] = round(1000 * (time.perf_counter() - r.enqueued), 2)
-        r.future.set_result(a)
+      for retriever in dict.fromkeys(r.retriever for r in batch):   # one batch per retriever
+        self._answer_requests(retriever, [r for r in batch if r.retriever == retriever])
 
-  def _answer_batch(self, index: _Index, questions: Sequence[str], top_k: int) -> List[Dict]:
-    """Retrieves and reads a batch; per question, its best ``top_k`` answers (the best span
-    of each read block, best first) with their evidence."""
+  def _answer_requests(self, retriever: str, batch: Sequence[_Request]) -> None:
+    start = time.perf_counter()
+    try:
+      answers = self._answer_batch(self._current, [r.question for r in batch],
+                                   max(r.top_k for r in batch), retriever)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.exception("realm-serve: a batch failed")
+      for r in batch:
+        r.future.set_exception(e)
+      return
+    for r, a in zip(batch, answers):
+      a["answers"] = a["answers"][:r.top_k]
+      a["timings"]["queue_ms"] = round(1000 * (start - r.enqueued), 2)
+      a["timings"]["total_ms"] = round(1000 * (time.perf_counter() - r.enqueued), 2)
+      r.future.set_result(a)
+
+  def _answer_batch(self, index: _Index, questions: Sequence[str], top_k: int,
+                    retriever: str = hybrid.DEFAULT) -> List[Dict]:
+    """Retrieves (``retriever``) and reads a batch; per question, its best ``top_k`` answers
+    (the best span of each read block, best first) with their evidence."""
     builder = index.builder
     start = time.perf_counter()
     question_inputs = builder.question_inputs(list(questions))
     embeddings = self._embed({f"input_{k[9:]}": tf.constant(v)
                               for k, v in question_inputs.items()}).numpy()
     features = builder.features([inputs_lib.Question(q, []) for q in questions], embeddings,
-                                question_inputs=question_inputs)
+                                question_inputs=question_inputs, with_ranks=True,
+                                retriever=retriever)
     read = builder.read
     blocks = [builder.block_texts(row[:read]) for row in features["beam_ids"]]
     retrieved = time.perf_counter()
@@ -375,7 +389,9 @@ class QAService:
             "answer": block.text[char_start:char_end], "score": score, "start": char_start,
             "end": char_end,
             "evidence": {"block_id": block_id, "uid": uid, "title": title, "text": block.text,
-                         "rank": rank, "retrieval_score": float(retrieval[i, rank])}})
+                         "rank": rank, "retrieval_score": float(retrieval[i, rank]),
+                         "dense_rank": int(features["beam_dense_rank"][i, rank]),
+                         "bm25_rank": int(features["beam_bm25_rank"][i, rank])}})
       results.append({
           "question": question, "answers": answers, "model_step": self.model_step,
           "index": os.path.basename(index.path), "index_step": int(index.key[1]),
@@ -439,6 +455,7 @@ class QAService:
             "corpus_version": int(index.manifest.get("corpus_version", 0)),
             "in_flight": self._in_flight, "max_in_flight": self.max_in_flight,
             "max_top_k": self.reader_beam_size,
+            "retrievers": [r for r in hybrid.RETRIEVERS if self.supports(r)],
             "uptime_seconds": round(time.time() - self.started, 1)}
 
   def close(self) -> None:
