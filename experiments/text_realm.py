@@ -69,7 +69,7 @@ class RealmBudget:
   held_out_fraction: float = 0.05      # share of blocks whose sentences are held out
   realm_query_seq_length: int = 64     # masked sentence, [CLS] ... [SEP]
   realm_max_masks: int = 10
-  mlm_steps: int = 1000                # BERT's masked LM first (0: none)
+  mlm_steps: int = 800                 # BERT's masked LM first (0: none)
   mlm_batch_size: int = 32
   mlm_seq_length: int = 128            # windows of block text, [CLS] ... [SEP]
   mlm_learning_rate: float = 1e-4
