@@ -95,6 +95,7 @@ BM25 = "BM25"
 MINILM = "MiniLM (untrained REALM tower)"
 MINILM_MEAN = "MiniLM (mean-pooled, as trained)"
 MINILM_ICT = "MiniLM + ICT (REALM tower)"
+HYBRID = "Hybrid: BM25 + MiniLM + ICT (retrieval/hybrid.py)"
 RESULTS_NAME = "real_text_retrieval"
 OPENQA_NAME = "real_text_openqa"
 REALM_NAME = "real_text_realm"
@@ -138,6 +139,9 @@ def retrieval_rows(work: str, stages: Dict[str, Dict], max_questions: int) -> Li
     seconds = ict["seconds"] + stages["ict_examples"]["seconds"] + stages["ict_train"]["seconds"]
     rows.append((dict(ict, retriever=MINILM_ICT, seconds=seconds, key="ict"),
                  os.path.join("ict", "top_ids.npy")))
+  if "hybrid" in stages:
+    rows.append((dict(stages["hybrid"], retriever=HYBRID, key="hybrid"),
+                 os.path.join("hybrid", "top_ids.npy")))
   for seed in realm_seeds_of(stages):
     realm = stages[f"realm_{seed}"]
     seconds = realm["seconds"] + stages[f"realm_{seed}_train"]["seconds"]
@@ -602,6 +606,9 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
                                lambda: ts.train_ict(clock, work, vocab_file, budget, seed))
     stages["ict"] = once("ICT retrieval", os.path.join(work, "ict", "done.json"), lambda: (
         ts.run_ict_retrieval(work, max_questions, batch_size, block_seq_length)))
+    stages["hybrid"] = once("Hybrid retrieval (BM25 + ICT)",
+                            os.path.join(work, "hybrid", "done.json"),
+                            lambda: ts.run_hybrid(work, max_questions, batch_size))
   if openqa or realm_seeds:
     stages["reader_convert"] = once(
         "MiniLM reader conversion", os.path.join(work, "minilm_reader_model_done.json"),

@@ -43,6 +43,9 @@ from realm_tf.openqa import evaluation
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import brute_force
+from realm_tf.retrieval import hybrid
+from realm_tf.retrieval import mips_index
+from realm_tf.retrieval import publish
 
 TOP_K = (1, 5, 20)
 LEARNING_RATE = "trainer.optimizer_config.learning_rate.polynomial"
@@ -419,6 +422,52 @@ def run_ict_retrieval(work: str, max_questions: int, batch_size: int,
   index for Open-QA, ``ict_index/`` (``run_tower_retrieval``)."""
   return run_tower_retrieval(work, os.path.join(work, "ict_model"), "ict", max_questions,
                              batch_size, block_seq_length)
+
+
+HYBRID_WEIGHTS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)   # BM25 weights of the dev table
+
+
+def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
+  """The hybrid retriever's recall (``retrieval.hybrid``: BM25's and the ICT tower's top 20
+  fused by the library's rule, ``hybrid.FUSION``) on the test questions, into ``hybrid/``;
+  with the dev questions' table of BM25 weights that chose the rule (experiments/NOTES.md,
+  section 31). The ICT lists are the ICT row's (checked), from its index's embeddings."""
+  started = time.time()
+  blocks = manifests.read_blocks(os.path.join(work, "blocks"))
+  bodies = [b["body"] for b in blocks]
+  texts = [f"{b['title']}\n{b['body']}" for b in blocks]
+  index_dir = os.path.join(work, "ict_index")
+  index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
+  dense = brute_force.BruteForceIndex(np.asarray(index.embeddings[np.arange(len(blocks))]))
+  tower = TowerPass(os.path.join(work, "ict_model"))
+  length = model_dir_lib.load_config(
+      os.path.join(work, "minilm_model")).retriever.query_seq_length
+  depth = min(hybrid.FUSION["depth"], len(blocks))
+
+  def lists(records):
+    q_emb, _ = embed_token_ids(tower, question_rows(tower.embedder.tokenizer, records, length),
+                               length, batch_size, type_ids=False)
+    return (*dense.search(q_emb, depth), *bm25_search(texts, [r.question for r in records],
+                                                      depth))
+
+  dev, _ = qa.read_qa(os.path.join(work, "qa", "squad-dev.jsonl"))
+  dev_lists = lists(dev)
+  table = {"BM25": recall_at(dev_lists[2], bodies, dev),
+           "ICT": recall_at(dev_lists[0], bodies, dev)}
+  for weight in HYBRID_WEIGHTS:
+    table[f"bm25_weight {weight}"] = recall_at(
+        hybrid.fuse(*dev_lists, depth, bm25_weight=weight).ids, bodies, dev)
+  records = test_questions(work, max_questions)
+  test_lists = lists(records)
+  if not np.array_equal(test_lists[0], np.load(os.path.join(work, "ict", "top_ids.npy"))):
+    raise RealTextError(f"{index_dir}: its ICT lists are not the ICT row's (ict/top_ids.npy)")
+  top = hybrid.fuse(*test_lists, depth).ids
+  out_dir = os.path.join(work, "hybrid")
+  os.makedirs(out_dir, exist_ok=True)
+  np.save(os.path.join(out_dir, "top_ids.npy"), top)
+  return dict(recall_at(top, bodies, records), test_questions=len(records), blocks=len(blocks),
+              fusion=hybrid.FUSION, dev_questions=len(dev), dev_recall=table,
+              seconds=round(time.time() - started, 1))
 
 
 def run_tower_retrieval(work: str, model_dir: str, name: str, max_questions: int,

@@ -17,30 +17,37 @@ from realm_tf.retrieval import publish
 from test_realm_index_updates import _setup
 
 
-def brute_force_rrf(dense, sparse, k, c=60):
-  scores = {}
-  for ranked in (dense, sparse):
-    for rank, b in enumerate([b for b in ranked if b >= 0]):
-      scores[b] = scores.get(b, 0) + 1 / (c + rank + 1)
+def brute_force_fusion(dense, dense_scores, sparse, sparse_scores, k, w=0.7):
+  def normalized(ids, scores):
+    pairs = [(b, s) for b, s in zip(ids, scores) if b >= 0]
+    lo, hi = min(s for _, s in pairs), max(s for _, s in pairs)
+    return {b: (s - lo) / (hi - lo) if hi > lo else 1.0 for b, s in pairs}
+  d, b = normalized(dense, dense_scores), normalized(sparse, sparse_scores)
+  fused = {x: w * b.get(x, 0) + (1 - w) * d.get(x, 0) for x in set(d) | set(b)}
   dense = list(dense)
-  order = sorted(scores, key=lambda b: (-scores[b], dense.index(b) if b in dense else 1e9, b))
+  order = sorted(fused, key=lambda x: (-fused[x], dense.index(x) if x in dense else 1e9, x))
   return (order + [-1] * k)[:k]
 
 
-def test_fusion_is_reciprocal_rank_fusion_with_each_blocks_ranks():
+def test_fusion_is_the_weighted_sum_of_normalized_scores_with_each_blocks_ranks():
   rng = np.random.default_rng(0)
   dense = np.stack([rng.permutation(30)[:6] for _ in range(40)])
   sparse = np.stack([rng.permutation(30)[:6] for _ in range(40)])
+  dense_scores = -np.sort(-rng.normal(size=dense.shape), axis=1)
+  sparse_scores = -np.sort(-rng.gamma(2.0, size=sparse.shape), axis=1)
   sparse[::3, 4:] = -1                                   # BM25 found fewer blocks
-  beam = hybrid.fuse(dense, sparse, 6)
+  sparse_scores[::3, 4:] = 0
+  beam = hybrid.fuse(dense, dense_scores, sparse, sparse_scores, 6)
   for i in range(len(dense)):
-    assert beam.ids[i].tolist() == brute_force_rrf(dense[i], sparse[i], 6)
+    assert beam.ids[i].tolist() == brute_force_fusion(dense[i], dense_scores[i], sparse[i],
+                                                      sparse_scores[i], 6)
     for j, b in enumerate(beam.ids[i]):
       for ranks, ranked in ((beam.dense_rank, dense[i]), (beam.bm25_rank, sparse[i])):
         want = list(ranked).index(b) if b in ranked else -1
         assert ranks[i, j] == want
-  # A block first in both lists is first; one in both lists beats one in either alone.
-  beam = hybrid.fuse(np.array([[7, 1, 2]]), np.array([[7, 2, 5]]), 3)
+  # A block first in both lists is first; BM25's weight decides between the two seconds.
+  beam = hybrid.fuse(np.array([[7, 1, 2]]), np.array([[3.0, 2.0, 1.0]]),
+                     np.array([[7, 2, 5]]), np.array([[9.0, 8.0, 1.0]]), 3)
   assert beam.ids.tolist() == [[7, 2, 1]]
 
 
@@ -74,8 +81,13 @@ def test_builder_beams_over_a_published_index_and_the_evidence_says_who_found_it
     beams[retriever] = features
     dense_ids = index.search(emb.astype(np.float32), 6)[0]
     bm25_ids = index.sparse.search([q.question for q in questions], 6)[0]
-    want = {"dense": dense_ids, "bm25": hybrid.fill(bm25_ids, dense_ids),
-            "hybrid": hybrid.fuse(dense_ids, bm25_ids, 6).ids}[retriever]
+    if retriever == "hybrid":     # each list 20 deep (the recorded rule's depth), then fused
+      assert index.manifest["sparse"]["fusion"] == hybrid.FUSION
+      deep = index.search(emb.astype(np.float32), 20)
+      want = hybrid.fuse(*deep, *index.sparse.search([q.question for q in questions], 20),
+                         6).ids
+    else:
+      want = {"dense": dense_ids, "bm25": hybrid.fill(bm25_ids, dense_ids)}[retriever]
     np.testing.assert_array_equal(features["beam_ids"], want)
     np.testing.assert_array_equal(features["beam_emb"], index.embeddings[want])
   assert (beams["dense"]["beam_bm25_rank"] == -1).all()

@@ -18,6 +18,7 @@ from experiments import common
 from experiments import real_text
 from experiments import text_stages
 from realm_tf.openqa import inputs as inputs_lib
+from realm_tf.retrieval import publish
 
 # From the enwiki dump's Anarchism page (assets/wikipedia): the reference holds an unmatched
 # '' (closing an italic that never opened), which pairs with the next line's '' and makes
@@ -175,7 +176,8 @@ def test_tiny_run_minilm_and_tables(tiny_run):
   with open(os.path.join(out, "results", "real_text_retrieval.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["retriever"] for r in rows] == [real_text.BM25, real_text.MINILM,
-                                            real_text.MINILM_MEAN, real_text.MINILM_ICT]
+                                            real_text.MINILM_MEAN, real_text.MINILM_ICT,
+                                            real_text.HYBRID]
   assert all(int(r["test_questions"]) == len(test) for r in rows)
   assert float(rows[0]["recall@5"]) == pytest.approx(stages["bm25"]["recall@5"], abs=1e-4)
   assert float(rows[3]["recall@5"]) == pytest.approx(stages["ict"]["recall@5"], abs=1e-4)
@@ -236,6 +238,37 @@ def test_tiny_run_ict(tiny_run):
                              atol=2e-4)
   assert os.path.exists(os.path.join(work, "ict_index", "LATEST"))
   assert 0 < stages["ict_examples"]["num_train"] <= stages["corpus"]["blocks"]
+
+
+def test_tiny_run_hybrid(tiny_run):
+  """The hybrid row: the ICT row's and BM25's top lists, scored again from the ICT index and
+  bm25s, fused by the library's rule; its recall is that of its saved top ids."""
+  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import manifests
+  from realm_tf.retrieval import hybrid
+  # pylint: enable=g-import-not-at-top
+  out, stages = tiny_run
+  work = os.path.join(out, "work")
+  row = stages["hybrid"]
+  assert row["fusion"] == hybrid.FUSION and row["test_questions"] == stages["ict"][
+      "test_questions"]
+  blocks = manifests.read_blocks(os.path.join(work, "blocks"))
+  test = text_stages.test_questions(work, 0)
+  depth = min(hybrid.FUSION["depth"], len(blocks))
+  q_emb = np.load(os.path.join(work, "ict", "question_emb.npy"))
+  emb = np.load(os.path.join(publish.read_latest(os.path.join(work, "ict_index")),
+                             "embeddings.npy"))
+  scores = q_emb @ emb.T
+  ict_ids = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
+  bm25 = text_stages.bm25_search([f"{b['title']}\n{b['body']}" for b in blocks],
+                                 [r.question for r in test], depth)
+  want = hybrid.fuse(ict_ids, np.take_along_axis(scores, ict_ids, 1), *bm25, depth).ids
+  np.testing.assert_array_equal(np.load(os.path.join(work, "hybrid", "top_ids.npy")), want)
+  bodies = [b["body"] for b in blocks]
+  for k in (1, 5, 20):
+    assert row[f"recall@{k}"] == text_stages.recall_at(want, bodies, test)[f"recall@{k}"]
+  assert set(row["dev_recall"]) == {"BM25", "ICT"} | {
+      f"bm25_weight {w}" for w in text_stages.HYBRID_WEIGHTS}
 
 
 def test_tiny_run_openqa(tiny_run):
@@ -420,7 +453,8 @@ def test_tiny_run_realm(tmp_path):
   results = stages["results"]
   with open(os.path.join(out, "results", "real_text_questions.csv"), encoding="utf-8") as f:
     header = next(csv.reader(f))
-  assert header[3:] == ["bm25", "minilm", "minilm_mean", "ict", "realm_0"]
+  assert header[3:] == ["bm25", "minilm", "minilm_mean", "ict", "hybrid",
+                        "realm_0"]
   with open(os.path.join(out, "results", "real_text_openqa_questions.csv"),
             encoding="utf-8") as f:
     table = list(csv.DictReader(f))

@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from realm_tf.retrieval import errors
+from realm_tf.retrieval import hybrid
 from realm_tf.retrieval import sparse_index
 
 MANIFEST_NAME = "manifest.json"
@@ -228,7 +229,7 @@ class MipsIndex(abc.ABC):
     manifest.pop("sparse", None)
     if self.sparse is not None:
       self.sparse.save(os.path.join(directory, SPARSE_DIR))
-      manifest["sparse"] = self.sparse.summary()
+      manifest["sparse"] = dict(self.sparse.summary(), fusion=hybrid.FUSION)
     if self.build_seconds is not None:
       manifest.setdefault("index_build_seconds", round(self.build_seconds, 3))
     atomic_write_json(os.path.join(directory, MANIFEST_NAME), manifest)

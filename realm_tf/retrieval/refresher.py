@@ -293,9 +293,8 @@ class Refresher:
   def sparse_part(self, manifest: dict) -> sparse_index.SparseIndex:
     """BM25 over the corpus version ``manifest``: the last publication's sparse part when it
     covers that version (it does not depend on the model), else built from the block store."""
-    latest = publish.read_latest(self.index_dir)
-    if latest:
-      path = os.path.join(self.index_dir, latest)
+    path = publish.read_latest(self.index_dir)
+    if path:
       published = index_base.read_manifest(path)
       if (published.get("sparse") and
           published.get("corpus_fingerprint") == manifest["fingerprint"]):
