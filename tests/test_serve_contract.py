@@ -36,8 +36,12 @@ class FakeService:
   def __init__(self, name="fake"):
     self.name, self.error, self.closed, self.updates = name, None, False, []
 
-  def submit(self, question, top_k):
-    del top_k
+  def supports(self, retriever):
+    del retriever
+    return True
+
+  def submit(self, question, top_k, retriever="dense"):
+    del top_k, retriever
     future = concurrent.futures.Future()
     if self.error is not None:
       future.set_exception(self.error())
