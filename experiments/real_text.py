@@ -101,6 +101,7 @@ OPENQA_NAME = "real_text_openqa"
 REALM_NAME = "real_text_realm"
 QUESTIONS_NAME = "real_text_questions"                # per test question: each retriever's rank
 OPENQA_QUESTIONS_NAME = "real_text_openqa_questions"  # per Open-QA question: EM, prediction
+HYBRID_NAME = "real_text_hybrid"
 CSV_FIELDS = ("retriever", "recall@1", "recall@1_lo", "recall@1_hi", "recall@5", "recall@5_lo",
               "recall@5_hi", "recall@20", "recall@20_lo", "recall@20_hi", "test_questions",
               "blocks", "seconds")
@@ -239,9 +240,63 @@ def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> 
   paths = {"md": md_path, "csv": csv_path}
   if "openqa_eval" in stages:
     paths.update(write_openqa_results(results, stages, work))
+  if "hybrid" in stages:
+    paths.update(write_hybrid_results(results, stages, rows, work))
   if "pretrain_data" in stages:
     paths.update(write_realm_results(results, stages))
   return paths
+
+
+def paired_text(a: Sequence[bool], b: Sequence[bool]) -> str:
+  """Row a minus row b on the same questions, in points: the mean difference and its 95%
+  question-level bootstrap interval (``paired.paired_difference``, one run)."""
+  d = paired.paired_difference(["".join("1" if x else "0" for x in a)],
+                               ["".join("1" if x else "0" for x in b)])
+  lo, hi = d["questions_ci"]
+  return f"{100 * d['mean']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+
+
+def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[Dict],
+                         work: str) -> Dict[str, str]:
+  """``results/real_text_hybrid.md``: the fusion rule, the dev table that chose it, and the
+  hybrid's rows paired against BM25's and ICT's on the same questions: recall@k on the test
+  questions and, with the Open-QA stages, the same fine-tuned reader's EM on the Open-QA
+  sample."""
+  h = stages["hybrid"]
+  fusion = h["fusion"]
+  first = {r["key"]: r["first"] for r in rows}
+  lines = [
+      "# Hybrid retrieval on real text: BM25 and the ICT tower fused", "",
+      f"Rule (`realm_tf/retrieval/hybrid.py`, recorded in each index's manifest): "
+      f"{fusion['rule']}, BM25 weight {fusion['bm25_weight']}, over each retriever's top "
+      f"{fusion['depth']}. Chosen on the {h['dev_questions']} dev questions (recall@k; the "
+      "test questions were scored once, with the chosen rule):", "",
+      "| dev | recall@1 | recall@5 | recall@20 |", "|---|---|---|---|"]
+  for name, r in h["dev_recall"].items():
+    lines.append(f"| {name} | " + " | ".join(f"{r[f'recall@{k}']:.3f}" for k in TOP_K) + " |")
+  lines += ["", f"Test, paired on the same {h['test_questions']} questions (points; in brackets "
+            "the 95% question-level bootstrap interval):", "",
+            "| test | recall@1 | recall@5 | recall@20 |", "|---|---|---|---|",
+            "| hybrid | " + " | ".join(f"{np.mean(first['hybrid'] < k):.3f}" for k in TOP_K)
+            + " |"]
+  for other, label in (("bm25", "BM25"), ("ict", "ICT")):
+    lines.append(f"| hybrid - {label} | " + " | ".join(
+        paired_text(first["hybrid"] < k, first[other] < k) for k in TOP_K) + " |")
+  if "hybrid_reader" in stages:
+    test_file = stages["openqa_eval"]["test_file"]
+    sources = openqa_sources(stages)
+    em = {k: [e for e, _ in openqa_answers(work, sources[k], test_file)]
+          for k in ("hybrid", "bm25", "orqa")}
+    lines += ["", f"Open-QA exact match of the same fine-tuned reader over each retriever's top "
+              f"blocks, paired on the same {len(em['hybrid'])} test questions "
+              f"({OPENQA_NAME}.md):", "", "| test | exact match |", "|---|---|",
+              f"| hybrid | {np.mean(em['hybrid']):.3f} |",
+              f"| hybrid - BM25 | {paired_text(em['hybrid'], em['bm25'])} |",
+              f"| hybrid - ICT | {paired_text(em['hybrid'], em['orqa'])} |"]
+  path = os.path.join(results, HYBRID_NAME + ".md")
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  return {"hybrid_md": path}
 
 
 OPENQA_FIELDS = ("model", "checkpoint_step", "exact_match", "exact_match_lo", "exact_match_hi",
@@ -253,6 +308,7 @@ OPENQA_BEFORE = "before fine-tuning (ICT retriever)"
 OPENQA_AFTER = "after fine-tuning (ICT retriever + MiniLM reader)"
 OPENQA_GOLD = "gold paragraph (stage A reader, no retrieval)"
 OPENQA_BM25 = "BM25 top blocks + the same fine-tuned reader"
+OPENQA_HYBRID = "Hybrid top blocks + the same fine-tuned reader"
 
 
 def mixed_label(seed: int) -> str:
@@ -268,6 +324,8 @@ def openqa_sources(stages: Dict[str, Dict]) -> Dict[str, str]:
   sources = {"gold": os.path.join("gold_reader", "test_predictions.jsonl"),
              "orqa": os.path.join("openqa_eval", "predictions_with_evidence.jsonl"),
              "bm25": os.path.join("bm25_reader_eval", "predictions_with_evidence.jsonl")}
+  if "hybrid_reader" in stages:
+    sources["hybrid"] = os.path.join("hybrid_reader_eval", "predictions_with_evidence.jsonl")
   for seed in realm_seeds_of(stages):
     if f"realm_{seed}_openqa_eval" in stages:
       for key in (f"realm_{seed}_mixed", f"realm_{seed}_openqa"):
@@ -281,20 +339,26 @@ def write_openqa_records(path: str, work: str, test_file: str, sources: Dict[str
   predicted answer."""
   with open(test_file, encoding="utf-8") as f:
     questions = [json.loads(line) for line in f if line.strip()]
-  columns = {}
-  for key, source in sources.items():
-    with open(os.path.join(work, source), encoding="utf-8") as f:
-      rows = [json.loads(line) for line in f if line.strip()]
-    if [r["question"] for r in rows] != [q["question"] for q in questions]:
-      raise RealTextError(f"{os.path.join(work, source)}: not the questions of {test_file}")
-    columns[key] = [(int(bool(r["correct"] if "correct" in r else r["em"])), r["prediction"])
-                    for r in rows]
+  columns = {key: openqa_answers(work, source, test_file) for key, source in sources.items()}
   with open(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.writer(f)
     writer.writerow(["question_index", "question"]
                     + [f"{k}_{c}" for k in columns for c in ("em", "prediction")])
     for i, q in enumerate(questions):
       writer.writerow([i, q["question"]] + [x for k in columns for x in columns[k][i]])
+
+
+def openqa_answers(work: str, source: str, test_file: str) -> List[tuple]:
+  """One Open-QA row's ``(exact match 0/1, predicted answer)`` per question of ``test_file``,
+  from its predictions file ``work/source``."""
+  with open(test_file, encoding="utf-8") as f:
+    questions = [json.loads(line)["question"] for line in f if line.strip()]
+  with open(os.path.join(work, source), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  if [r["question"] for r in rows] != questions:
+    raise RealTextError(f"{os.path.join(work, source)}: not the questions of {test_file}")
+  return [(int(bool(r["correct"] if "correct" in r else r["em"])), r["prediction"])
+          for r in rows]
 
 
 def openqa_rows(evaluation: Dict, training: Dict, gold: Optional[Dict] = None,
@@ -338,6 +402,8 @@ def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Di
   evaluation, training, budget = stages["openqa_eval"], stages["openqa_train"], stages["budget"]
   gold = stages.get("gold_reader")
   more = []
+  if "hybrid_reader" in stages:
+    more.append((OPENQA_HYBRID, stages["hybrid_reader"], training["best_step"]))
   for seed in realm_seeds_of(stages):
     if f"realm_{seed}_openqa_eval" in stages:
       more += [(mixed_label(seed), stages[f"realm_{seed}_mixed"], training["best_step"]),
@@ -375,7 +441,9 @@ def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Di
       "and index. The gold-paragraph row reads each test question in the paragraph it was "
       "written from (no retrieval): the reader's ceiling. The BM25 row reads BM25's top "
       f"{budget['reader_beam_size']} blocks with the fine-tuned model (its span scores "
-      "still add the query tower's score of each block); its top-k match is BM25's.",
+      "still add the query tower's score of each block); its top-k match is BM25's. The "
+      "hybrid row reads the hybrid retriever's top blocks (BM25 and the ICT tower fused, "
+      f"{HYBRID_NAME}.md) the same way.",
       "",
       f"Read match: an answer inside the part of the {budget['reader_beam_size']} read blocks "
       f"that the reader's {budget['reader_seq_length']} wordpieces hold beside the question "
@@ -393,7 +461,7 @@ def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Di
                  f"{row['test_questions']} |")
   lines += ["", "| stage | seconds |", "|---|---|"]
   for name in ("reader_convert", "gold_reader", "gold_test", "openqa_train", "openqa_eval",
-               "bm25_reader"):
+               "bm25_reader", "hybrid_reader"):
     if name in stages:
       lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
   lines.append("")
@@ -512,12 +580,13 @@ STAGE_NAMES = ("corpus", "spans", "questions", "bm25", "convert", "minilm", "ict
 
 def check_options(clock: Clock, work: str, options: Dict) -> None:
   """Records the options of a work directory, or checks that they are the recorded ones: a
-  stage is skipped when its output exists, so outputs of other options must not be reused."""
+  stage is skipped when its output exists, so outputs of other options must not be reused.
+  A recorded option this run does not pass (``realm.*`` in a run without ``--realm_seeds``)
+  governs no stage of this run, so it is no conflict."""
   path = os.path.join(work, "options.json")
   if os.path.exists(path):
     recorded = read_json(path)
-    changed = sorted(k for k in set(recorded) | set(options)
-                     if k in recorded and recorded.get(k) != options.get(k))
+    changed = sorted(k for k in set(recorded) & set(options) if recorded[k] != options[k])
     if changed:
       raise RealTextError(
           f"{path} was made with other options ({', '.join(changed)}: "
@@ -635,6 +704,11 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
     stages["bm25_reader"] = once(
         "BM25 + the reader", os.path.join(work, "bm25_reader_eval", "done.json"),
         lambda: ts.evaluate_bm25_reader(work, budget, seed, max_questions))
+    if "hybrid" in stages:
+      stages["hybrid_reader"] = once(
+          "Hybrid + the reader", os.path.join(work, "hybrid_reader_eval", "done.json"),
+          lambda: ts.evaluate_bm25_reader(work, budget, seed, max_questions,
+                                          retriever="hybrid", out="hybrid_reader_eval"))
     if realm_seeds and realm_test:
       stages.update(run_realm_openqa(clock, work, vocab_file, squad_file, realm_seeds, budget,
                                      seed, max_articles, max_paragraphs, max_questions,

@@ -269,6 +269,13 @@ def test_tiny_run_hybrid(tiny_run):
     assert row[f"recall@{k}"] == text_stages.recall_at(want, bodies, test)[f"recall@{k}"]
   assert set(row["dev_recall"]) == {"BM25", "ICT"} | {
       f"bm25_weight {w}" for w in text_stages.HYBRID_WEIGHTS}
+  # Its page pairs it with BM25 on the same questions.
+  first = {k: text_stages.first_hits(ids, bodies, test) for k, ids in (("hybrid", want),
+                                                                       ("bm25", bm25[0]))}
+  page = open(os.path.join(out, "results", "real_text_hybrid.md")).read()
+  diff = " | ".join(f"{100 * np.mean((first['hybrid'] < k) * 1.0 - (first['bm25'] < k)):+.1f} ["
+                    for k in (1, 5, 20))
+  assert all(part in page for part in ["| hybrid - BM25 | "] + diff.split(" | "))
 
 
 def test_tiny_run_openqa(tiny_run):
@@ -288,8 +295,9 @@ def test_tiny_run_openqa(tiny_run):
   with open(os.path.join(out, "results", "real_text_openqa.csv")) as f:
     rows = list(csv.DictReader(f))
   assert [r["model"] for r in rows] == [real_text.OPENQA_GOLD, real_text.OPENQA_BEFORE,
-                                        real_text.OPENQA_AFTER, real_text.OPENQA_BM25]
-  gold, before, after, bm25 = rows
+                                        real_text.OPENQA_AFTER, real_text.OPENQA_BM25,
+                                        real_text.OPENQA_HYBRID]
+  gold, before, after, bm25, fused = rows
   assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
   # Stage A ran, Open-QA started from its reader, and its gold row is the test sample's.
   assert text_stages.reader_start(work) == os.path.join(work, "gold_reader")
@@ -314,6 +322,19 @@ def test_tiny_run_openqa(tiny_run):
   bm25_top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
   for row, top in zip(read, bm25_top):
     assert [b["block_id"] for b in row["blocks"]] == top[:2].tolist()
+  # So did the hybrid row the hybrid's, and its paired EM is the records' difference.
+  with open(os.path.join(work, "hybrid_reader_eval", "predictions_with_evidence.jsonl")) as f:
+    fused_read = [json.loads(line) for line in f]
+  fused_top = np.load(os.path.join(work, "hybrid", "top_ids.npy"))[chosen]
+  assert [[b["block_id"] for b in r["blocks"]] for r in fused_read] == fused_top[:, :2].tolist()
+  em = {k: np.array([r["correct"] for r in rs], float) for k, rs in (("hybrid", fused_read),
+                                                                     ("bm25", read))}
+  assert float(fused["exact_match"]) == pytest.approx(em["hybrid"].mean(), abs=1e-4)
+  page = open(os.path.join(out, "results", "real_text_hybrid.md")).read()
+  assert f"| hybrid - BM25 | {100 * (em['hybrid'] - em['bm25']).mean():+.1f} [" in page
+  with open(os.path.join(out, "results", "real_text_openqa_questions.csv")) as f:
+    records = list(csv.DictReader(f))
+  assert [int(r["hybrid_em"]) for r in records] == em["hybrid"].astype(int).tolist()
   # Read match is what fine-tuning trains on: a question whose read rows (the builder's
   # features for the blocks it read) hold a gold span.
   assert gold["read_match"] == before["read_match"] == ""
@@ -350,6 +371,20 @@ def test_tiny_run_openqa(tiny_run):
   for k in (1, 5):
     assert float(before[f"top_{k}_match"]) == pytest.approx(initial[f"top_{k}_match"],
                                                             abs=1e-4)
+
+
+def test_check_options(tmp_path):
+  """A work directory's options: the first run records them, a changed one is refused, a new
+  one is recorded, and one a later run does not pass (its stages do not run) is kept."""
+  clock, work = real_text.Clock("test"), str(tmp_path)
+  real_text.check_options(clock, work, {"seed": 0, "realm.steps": 10})
+  with pytest.raises(real_text.RealTextError, match=r"seed: \[0\], now \[1\]"):
+    real_text.check_options(clock, work, {"seed": 1})
+  real_text.check_options(clock, work, {"seed": 0, "ict_steps": 5})
+  with open(os.path.join(work, "options.json")) as f:
+    assert json.load(f) == {"seed": 0, "realm.steps": 10, "ict_steps": 5}
+  with pytest.raises(real_text.RealTextError, match="realm.steps"):
+    real_text.check_options(clock, work, {"seed": 0, "realm.steps": 20})
 
 
 def test_wilson_interval_and_budget():
