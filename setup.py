@@ -38,7 +38,8 @@ setuptools.setup(
                   "realm_tf.serving": ["page.html"]},
     install_requires=INSTALL_REQUIRES,
     # The page's test drives Debian's chromium (apt: chromium chromium-driver) with selenium.
-    extras_require={"test": ["pytest", "pytest-xdist==3.8.*", "selenium==4.51.*"]},
+    extras_require={"test": ["pytest", "pytest-xdist==3.8.*", "selenium==4.51.*",
+                             "schemathesis==4.32.*"]},
     entry_points={
         "console_scripts": [
             "realm-answer=realm_tf.binaries.answer:run",

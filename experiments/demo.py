@@ -21,7 +21,8 @@ Its stages live in ``experiments/stages.py``:
 6. Open-QA fine-tuning (ORQA's recipe, ``tasks/openqa.py``) on the world's training questions,
    from the ICT towers + the reader's start (the ORQA baseline) and from the refreshed REALM
    run, each against a frozen index of its own block tower; test-question EM and zero-shot
-   recall@5 (a top-5 block holds an answer, before fine-tuning) side by side.
+   recall@5 (a top-5 block holds an answer, before fine-tuning) side by side, and that recall
+   for each retriever a user can choose (dense, BM25 and the hybrid of the two).
 
 Everything goes under ``--output_dir``; a summary is printed and saved as ``results.json``.
 """
@@ -161,7 +162,7 @@ def prepare_data(out: str, seed: int, recipe: stages.Recipe):
   return world, files, prepared
 
 
-def print_tables(rows: dict, qa_rows: dict, openqa_steps: int) -> None:
+def print_tables(rows: dict, qa_rows: dict, openqa_steps: int, retrievers: dict) -> None:
   held_out = int(rows["REALM, refreshed index"]["examples"])
   print("\n" + "=" * 78)
   print(f"REALM demo on the synthetic world: {held_out} held-out masked sentences")
@@ -185,6 +186,11 @@ def print_tables(rows: dict, qa_rows: dict, openqa_steps: int) -> None:
         f"ICT start {ict_r5:.3f}, REALM {realm_r5:.3f} "
         f"({'REALM higher' if realm_r5 > ict_r5 else 'REALM not higher'}; {num_test} "
         f"questions, one run)")
+  ict, realm = retrievers["ICT"], retrievers["REALM"]
+  print(f"The retriever choice (realm-answer, realm-serve: --retriever), zero-shot recall@5: "
+        f"BM25 {realm['bm25']:.3f}; hybrid of BM25 and the ICT tower {ict['hybrid']:.3f}, of "
+        f"BM25 and REALM's {realm['hybrid']:.3f} (dense alone: {ict['dense']:.3f}, "
+        f"{realm['dense']:.3f})")
   print("=" * 78)
 
 
@@ -253,12 +259,17 @@ def main(argv):
         clock, recipe, out, {"openqa_orqa": ("ict", "reader"), "openqa_realm": ("realm", "realm")},
         {"ict": ict_dir, "reader": reader_dir, "realm": runs["refreshed"]}, files,
         dirs["blocks"])
+    # The Open-QA indexes, each with its BM25 part: what realm-answer and realm-serve offer.
+    retrievers = {name: stages.retriever_recall(
+        tower, os.path.join(out, f"openqa_index_{key}"), dirs["blocks"], files["qa_test"])
+                  for name, key, tower in (("ICT", "ict", ict_dir),
+                                           ("REALM", "realm", runs["refreshed"]))}
   qa_rows = {labels[name]: r for name, r in finetuned.items()}
-  print_tables(rows, qa_rows, recipe.openqa_steps)
+  print_tables(rows, qa_rows, recipe.openqa_steps, retrievers)
   clock.say(f"{clock.summary()}; results in {out}/results.json")
   with open(os.path.join(out, "results.json"), "w") as f:
     json.dump(dict(rows=rows, openqa=qa_rows, seconds=clock.minutes() * 60, stages=clock.laps,
-                   ict=ict_metrics, reader_read=reader_metrics,
+                   retrievers=retrievers, ict=ict_metrics, reader_read=reader_metrics,
                    reader_start=str(reader_dir)), f, indent=2, default=float)
 
 

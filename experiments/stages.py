@@ -39,6 +39,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from official.core import task_factory
 from official.modeling import hyperparams
+import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -46,10 +47,17 @@ from data_prep import pipeline
 from data_prep import synthetic_world
 from experiments.common import Clock
 from realm_tf import configs
+from realm_tf import embedder_api
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import (registers the tasks)
 from realm_tf import tokenization
 from realm_tf import train_lib
+from realm_tf.data import manifests
+from realm_tf.data import qa as qa_lib
+from realm_tf.openqa import inputs
+from realm_tf.retrieval import hybrid
+from realm_tf.retrieval import mips_index
+from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -483,6 +491,26 @@ def build_index(model_dir: str, blocks_dir: str, index_dir: str, embeddings=None
       None, model_dir, blocks_dir, index_dir, embeddings=embeddings,
       options=refresher.BuildOptions(index_type="brute_force", recall_queries=0,
                                      progress=False))
+
+
+def retriever_recall(tower_dir: str, index_dir: str, blocks_dir: str, qa_file: str,
+                     k: int = 5) -> Dict[str, float]:
+  """Zero-shot recall@k of each retriever a user can choose (``retrieval.hybrid``: dense,
+  bm25, hybrid) on ``qa_file``'s questions: a top-k block body holds an answer (ORQA's
+  HasAnswer), over the index ``index_dir`` publishes (its BM25 part for bm25 and hybrid), the
+  questions embedded by ``tower_dir``'s query tower."""
+  records, _ = qa_lib.read_qa(qa_file)
+  bodies = [b["body"] for b in manifests.read_blocks(blocks_dir)]
+  index = mips_index.load_index(publish.read_latest(index_dir))
+  questions = [r.question for r in records]
+  embeddings = embedder_api.Embedder.load(tower_dir).embed_queries(questions)
+  out = {}
+  for retriever in hybrid.RETRIEVERS:
+    ids = hybrid.retrieve(index, retriever, embeddings, questions, k).ids
+    out[retriever] = float(np.mean([
+        any(inputs.has_answer(bodies[b], r.answers, r.answer_type == qa_lib.REGEX)
+            for b in row if b >= 0) for r, row in zip(records, ids)]))
+  return out
 
 
 # ------------------------------------------------------------------------------ Open-QA --

@@ -105,6 +105,11 @@ def test_demo_runs_every_stage(tmp_path):
   line = next(l for l in proc.stdout.splitlines() if l.startswith("Zero-shot QA recall@5"))
   before = [qa[k]["before"]["top_5_match"] for k in qa]
   assert f"ICT start {before[0]:.3f}, REALM {before[1]:.3f}" in line
+  # The retriever line: its dense recall is the Open-QA task's zero-shot top-5 match.
+  retrievers = results["retrievers"]
+  assert [retrievers[k]["dense"] for k in ("ICT", "REALM")] == pytest.approx(before, abs=1e-9)
+  line = next(l for l in proc.stdout.splitlines() if l.startswith("The retriever choice"))
+  assert f"hybrid of BM25 and the ICT tower {retrievers['ICT']['hybrid']:.3f}" in line
 
 
 def test_the_reader_asset_fits_the_demo(tmp_path):

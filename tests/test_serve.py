@@ -1,5 +1,5 @@
 """realm-serve on a random-init Open-QA model (the plumbing; the answers themselves are the
-slow test's, test_serve_freshness.py): answers against ``OpenQA.answer``, every bad input's
+slow test's, test_serve_e2e.py): answers against ``OpenQA.answer``, every bad input's
 4xx with the server still answering, 429 past the admission bound, hot swaps of indexes
 published by another writer and by ``POST /documents`` without a failed request, deletions
 never retrieved again, the token, the page and the OpenAPI description."""
@@ -128,6 +128,15 @@ def test_answers_match_openqa(world):
   assert status == 200
   assert {"/answer", "/healthz", "/documents", "/documents/{uid}"} <= set(spec["paths"])
   assert "AnswerResponse" in spec["components"]["schemas"]
+  # The description states the limits /answer checks (the fuzz, test_serve_fuzz.py, holds the
+  # server to them); a whole number written 2.0 is an integer, as JSON Schema says.
+  fields = spec["components"]["schemas"]["AnswerRequest"]["properties"]
+  assert (fields["question"]["minLength"], fields["question"]["maxLength"],
+          fields["top_k"]["maximum"]) == (1, 200, 5)
+  status, got = request(world["url"] + "/answer", {"question": questions[0], "top_k": 2.0})
+  assert status == 200 and len(got["answers"]) == 2, got
+  status, got = request(world["url"] + "/answer", {"question": questions[0], "top_k": 2.5})
+  assert status == 422 and "top_k" in got["error"], got
 
 
 @pytest.mark.parametrize("retriever", ["bm25", "hybrid"])

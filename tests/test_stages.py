@@ -4,6 +4,7 @@ side by side that fail loudly) and the settings that reach a trainer as a config
 import os
 import time
 
+import numpy as np
 import pytest
 
 from experiments import assets
@@ -91,3 +92,31 @@ def test_a_config_written_for_a_process_loads_back_equal(tmp_path):
   assert back.as_dict() == params.as_dict()
   assert back.task.lr_retriever == 0.5 and back.trainer.validation_interval == 8
   assert back.runtime.mixed_precision_dtype == "bfloat16" and back.task.train_data.seed == 3
+
+
+def test_retriever_recall_is_what_answering_retrieves(tmp_path):
+  """Each retriever's zero-shot recall@k (the demo's retriever line) counts the questions whose
+  top k blocks hold an answer, the blocks ``OpenQA`` retrieves for that retriever."""
+  # pylint: disable=g-import-not-at-top
+  import json
+  from realm_tf.openqa import inputs
+  from realm_tf.openqa import predict
+  from test_serve import serve_dirs
+  # pylint: enable=g-import-not-at-top
+  dirs = serve_dirs(tmp_path)
+  bodies = dirs["bodies"]
+  qa_file = tmp_path / "qa.jsonl"
+  questions = [" ".join(b.split()[:6]) + "?" for b in bodies[::2]]
+  answers = [[b.split()[-1].strip(".")] for b in bodies[1::2]][:len(questions)]
+  with open(qa_file, "w") as f:
+    for q, a in zip(questions, answers):
+      f.write(json.dumps({"question": q, "answers": a}) + "\n")
+  got = stages.retriever_recall(dirs["model"], dirs["index"], dirs["blocks"], str(qa_file), k=3)
+  assert set(got) == {"dense", "bm25", "hybrid"}
+  for retriever, recall in got.items():
+    qa = predict.OpenQA.load(dirs["model"], dirs["index"], reader_beam_size=3,
+                             retriever_beam_size=3, retriever=retriever)
+    hits = [any(inputs.has_answer(e.text, a) for e in answer.evidence)
+            for answer, a in zip(qa.answer(questions[:len(answers)]), answers)]
+    assert recall == pytest.approx(np.mean(hits)), retriever
+  assert 0 < got["bm25"] < 1  # The questions are blocks' words: BM25 finds some, not all.

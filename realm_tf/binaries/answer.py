@@ -35,7 +35,7 @@ flags.DEFINE_integer("retriever_beam_size", None,
                      "--reader_beam_size; capped at the corpus size).", lower_bound=1)
 flags.DEFINE_enum("retriever", hybrid.DEFAULT, hybrid.RETRIEVERS,
                   "The blocks read: the dense index's top, BM25's (the index's sparse part) "
-                  "or both fused by reciprocal rank (realm_tf/retrieval/hybrid.py).")
+                  "or both fused by the index's rule (realm_tf/retrieval/hybrid.py).")
 flags.DEFINE_bool("json", False, "Print one JSON object per question instead of text.")
 flags.DEFINE_integer("snippet_chars", 160, "Characters of block text shown per block.",
                      lower_bound=20)

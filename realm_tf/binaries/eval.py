@@ -44,7 +44,7 @@ flags.DEFINE_integer("retriever_beam_size", 5000,
                      "size).", lower_bound=1)
 flags.DEFINE_enum("retriever", hybrid.DEFAULT, hybrid.RETRIEVERS,
                   "The blocks read and ranked: the dense index's, BM25's (the index's sparse "
-                  "part) or both fused by reciprocal rank (realm_tf/retrieval/hybrid.py).")
+                  "part) or both fused by the index's rule (realm_tf/retrieval/hybrid.py).")
 flags.DEFINE_integer("batch_size", 32, "Questions per batch.", lower_bound=1)
 flags.DEFINE_string("output_dir", None,
                     "Where the predictions and metrics go (default: <model_dir>/eval_<dataset>"

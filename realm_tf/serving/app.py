@@ -3,7 +3,8 @@
 ======  ======================  =========================================================
 method  path                    what
 ======  ======================  =========================================================
-POST    ``/answer``             ``{"question": str, "top_k": int}`` -> the best ``top_k``
+POST    ``/answer``             ``{"question": str, "top_k": int, "retriever": "dense" |
+                                "bm25" | "hybrid"}`` -> the best ``top_k``
                                 answers, each with its score, character offsets and
                                 evidence block (id, uid, title, text, retrieval score);
                                 the model and index steps; the time retrieving and reading
@@ -39,7 +40,7 @@ import hmac
 import importlib.resources
 import threading
 import time
-from typing import Callable, Dict, List, Literal, Optional
+from typing import Annotated, Callable, Dict, List, Literal, Optional
 
 from absl import logging
 import fastapi
@@ -64,11 +65,15 @@ _STRICT = pydantic.ConfigDict(extra="forbid", strict=True)
 class AnswerRequest(pydantic.BaseModel):
   model_config = _STRICT
   question: str = pydantic.Field(description="The question, in plain text.")
-  top_k: int = pydantic.Field(3, ge=1, description="How many answers: the best span of each "
+  # JSON Schema's integer includes 3.0 (a number with no fraction); strict pydantic does not.
+  top_k: Annotated[int, pydantic.BeforeValidator(
+      lambda v: int(v) if isinstance(v, float) and v.is_integer() else v)] = pydantic.Field(
+          3, ge=1, description="How many answers: the best span of each "
                               "of the best top_k blocks read (at most the reader's beam).")
   retriever: Literal["dense", "bm25", "hybrid"] = pydantic.Field(
       "dense", description="The blocks read: the dense index's top, BM25's (the index's "
-      "sparse part) or both fused by reciprocal rank. GET /healthz lists those served.")
+      "sparse part) or both fused by the index's rule (its manifest's sparse.fusion). GET "
+      "/healthz lists those served.")
 
 
 class Evidence(pydantic.BaseModel):
@@ -346,8 +351,8 @@ def create_app(open_service: Optional[Callable[[], service_lib.QAService]],
     question = body.question.strip()
     if not question:
       return _error(422, "question: it is empty")
-    if len(question) > max_question_chars:
-      return _error(422, f"question: {len(question)} characters, over the limit of "
+    if len(body.question) > max_question_chars:
+      return _error(422, f"question: {len(body.question)} characters, over the limit of "
                          f"{max_question_chars}")
     if body.top_k > service.reader_beam_size:
       return _error(422, f"top_k: at most {service.reader_beam_size} (the blocks read)")
@@ -386,6 +391,21 @@ def create_app(open_service: Optional[Callable[[], service_lib.QAService]],
     return await asyncio.to_thread(service.delete, [uid])
 
   app.include_router(documents)
+  described = app.openapi
+
+  def openapi() -> Dict:
+    """The OpenAPI description, with the limits ``/answer`` checks itself (its messages are
+    friendlier than the model's): a question with a non-blank character and at most
+    ``max_question_chars``, and ``top_k`` at most the served reader's beam."""
+    spec = described()  # FastAPI's, made once and cached.
+    fields = spec["components"]["schemas"]["AnswerRequest"]["properties"]
+    fields["question"].update(minLength=1, maxLength=max_question_chars, pattern=r"\S")
+    service = getattr(app.state, "service", None)
+    if service is not None:
+      fields["top_k"]["maximum"] = service.reader_beam_size
+    return spec
+
+  app.openapi = openapi
   page = importlib.resources.files("realm_tf.serving").joinpath("page.html").read_text()
 
   @app.get("/", response_class=responses.HTMLResponse, include_in_schema=False)
