@@ -17,7 +17,8 @@ requests per second. At concurrency up to ``max_in_flight`` none should fail or 
 past it the excess gets 429, still none fails.
 
 ``make_world`` and ``serving`` (the corpus, model and index; realm-serve as a process on
-127.0.0.1, stopped on exit) are ``bench_serve_abuse``'s too.
+127.0.0.1, stopped on exit) are ``bench_serve_abuse``'s too; they and ``load_run`` (the
+clients) are ``bench_serve_retrievers``'.
 """
 
 import contextlib
@@ -112,9 +113,9 @@ def _post(conn, body):
   return response.status
 
 
-def _run(port, threads, total, max_seconds, questions):
-  """``threads`` clients until ``total`` requests or ``max_seconds``: (statuses, latencies of
-  the 200s, seconds)."""
+def load_run(port, threads, total, max_seconds, questions, retriever="dense"):
+  """``threads`` clients until ``total`` requests or ``max_seconds``, each asking with
+  ``retriever``: (statuses, latencies of the 200s, seconds)."""
   lock, sent = threading.Lock(), [0]
   statuses, latencies = [], []
   deadline = time.time() + max_seconds
@@ -127,7 +128,8 @@ def _run(port, threads, total, max_seconds, questions):
         if sent[0] >= total:
           break
         sent[0] += 1
-      body = json.dumps({"question": questions[rng.integers(len(questions))], "top_k": 3})
+      body = json.dumps({"question": questions[rng.integers(len(questions))], "top_k": 3,
+                         "retriever": retriever})
       start = time.perf_counter()
       try:
         status = _post(conn, body)
@@ -158,10 +160,10 @@ def main(argv):
     model, index, _, questions = make_world(root, FLAGS.num_blocks)
     with serving(model, index, os.path.join(root, "serve.log"),
                  [f"--max_in_flight={FLAGS.max_in_flight}", "--max_batch=8"]) as (port, _):
-      _run(port, 2, 20, 60, questions)  # Warm-up: traced functions, tokenized blocks.
+      load_run(port, 2, 20, 60, questions)  # Warm-up: traced functions, tokenized blocks.
       rows = []
       for threads in [int(c) for c in FLAGS.concurrency]:
-        statuses, latencies, seconds = _run(port, threads, FLAGS.requests, FLAGS.max_seconds,
+        statuses, latencies, seconds = load_run(port, threads, FLAGS.requests, FLAGS.max_seconds,
                                             questions)
         ms = np.asarray(latencies) * 1000
         rows.append((threads, len(statuses), statuses.count(200),
