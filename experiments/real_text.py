@@ -185,7 +185,8 @@ def _write_csv(path: str, fields: Sequence[str], rows: Sequence[Dict]) -> None:
 
 def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> Dict[str, str]:
   """``results/real_text_retrieval.{md,csv}``: one row per retriever with 95% intervals, then
-  the stage times; with the Open-QA stages, ``results/real_text_openqa.{md,csv}``."""
+  the stage times; with the Open-QA stages, ``results/real_text_openqa.{md,csv}``; with the
+  hybrid, ``results/real_text_hybrid.md``."""
   work = os.path.join(out, "work")
   rows = retrieval_rows(work, stages, max_questions)
   results = os.path.join(out, "results")
@@ -250,8 +251,8 @@ def write_results(out: str, stages: Dict[str, Dict], max_questions: int = 0) -> 
 def paired_text(a: Sequence[bool], b: Sequence[bool]) -> str:
   """Row a minus row b on the same questions, in points: the mean difference and its 95%
   question-level bootstrap interval (``paired.paired_difference``, one run)."""
-  d = paired.paired_difference(["".join("1" if x else "0" for x in a)],
-                               ["".join("1" if x else "0" for x in b)])
+  d = paired.paired_difference(["".join(str(int(x)) for x in a)],
+                               ["".join(str(int(x)) for x in b)])
   lo, hi = d["questions_ci"]
   return f"{100 * d['mean']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
 
@@ -265,6 +266,7 @@ def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[D
   h = stages["hybrid"]
   fusion = h["fusion"]
   first = {r["key"]: r["first"] for r in rows}
+  row = next(r for r in rows if r["key"] == "hybrid")
   lines = [
       "# Hybrid retrieval on real text: BM25 and the ICT tower fused", "",
       f"Rule (`realm_tf/retrieval/hybrid.py`, recorded in each index's manifest): "
@@ -277,8 +279,7 @@ def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[D
   lines += ["", f"Test, paired on the same {h['test_questions']} questions (points; in brackets "
             "the 95% question-level bootstrap interval):", "",
             "| test | recall@1 | recall@5 | recall@20 |", "|---|---|---|---|",
-            "| hybrid | " + " | ".join(f"{np.mean(first['hybrid'] < k):.3f}" for k in TOP_K)
-            + " |"]
+            "| hybrid | " + " | ".join(f"{row[f'recall@{k}']:.3f}" for k in TOP_K) + " |"]
   for other, label in (("bm25", "BM25"), ("ict", "ICT")):
     lines.append(f"| hybrid - {label} | " + " | ".join(
         paired_text(first["hybrid"] < k, first[other] < k) for k in TOP_K) + " |")
@@ -287,9 +288,11 @@ def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[D
     sources = openqa_sources(stages)
     em = {k: [e for e, _ in openqa_answers(work, sources[k], test_file)]
           for k in ("hybrid", "bm25", "orqa")}
-    lines += ["", f"Open-QA exact match of the same fine-tuned reader over each retriever's top "
-              f"blocks, paired on the same {len(em['hybrid'])} test questions "
-              f"({OPENQA_NAME}.md):", "", "| test | exact match |", "|---|---|",
+    lines += ["", f"Open-QA exact match of the same fine-tuned model, paired on the same "
+              f"{len(em['hybrid'])} test questions ({OPENQA_NAME}.md): answering with "
+              "--retriever=hybrid (its fine-tuned query tower's list fused with BM25's), "
+              "reading BM25's top blocks, and its own dense retrieval (the ORQA row, ICT):", "",
+              "| test | exact match |", "|---|---|",
               f"| hybrid | {np.mean(em['hybrid']):.3f} |",
               f"| hybrid - BM25 | {paired_text(em['hybrid'], em['bm25'])} |",
               f"| hybrid - ICT | {paired_text(em['hybrid'], em['orqa'])} |"]
@@ -442,8 +445,9 @@ def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Di
       "written from (no retrieval): the reader's ceiling. The BM25 row reads BM25's top "
       f"{budget['reader_beam_size']} blocks with the fine-tuned model (its span scores "
       "still add the query tower's score of each block); its top-k match is BM25's. The "
-      "hybrid row reads the hybrid retriever's top blocks (BM25 and the ICT tower fused, "
-      f"{HYBRID_NAME}.md) the same way.",
+      "hybrid row is the fine-tuned model answering with --retriever=hybrid: its own query "
+      "tower's top blocks fused with BM25's by the index's rule "
+      f"({HYBRID_NAME}.md); its top-k match is the fused list's.",
       "",
       f"Read match: an answer inside the part of the {budget['reader_beam_size']} read blocks "
       f"that the reader's {budget['reader_seq_length']} wordpieces hold beside the question "
@@ -707,8 +711,7 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
     if "hybrid" in stages:
       stages["hybrid_reader"] = once(
           "Hybrid + the reader", os.path.join(work, "hybrid_reader_eval", "done.json"),
-          lambda: ts.evaluate_bm25_reader(work, budget, seed, max_questions,
-                                          retriever="hybrid", out="hybrid_reader_eval"))
+          lambda: ts.evaluate_hybrid_reader(work, budget, seed, max_questions))
     if realm_seeds and realm_test:
       stages.update(run_realm_openqa(clock, work, vocab_file, squad_file, realm_seeds, budget,
                                      seed, max_articles, max_paragraphs, max_questions,

@@ -46,6 +46,7 @@ from realm_tf.retrieval import brute_force
 from realm_tf.retrieval import hybrid
 from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
+from realm_tf.retrieval import sparse_index
 
 TOP_K = (1, 5, 20)
 LEARNING_RATE = "trainer.optimizer_config.learning_rate.polynomial"
@@ -193,8 +194,10 @@ def test_questions(work: str, max_questions: int):
 
 def first_hits(top_ids: np.ndarray, bodies: Sequence[str], records) -> np.ndarray:
   """Per question, the rank of the first top block whose body holds an answer
-  (``has_answer``), or the number of top blocks when none does."""
-  hits = np.array([[inputs_lib.has_answer(bodies[b], r.answers, r.answer_type == "regex")
+  (``has_answer``), or the number of top blocks when none does (a block id of -1 pads a short
+  list: never a hit)."""
+  hits = np.array([[b >= 0 and inputs_lib.has_answer(bodies[b], r.answers,
+                                                     r.answer_type == "regex")
                     for b in row] for row, r in zip(top_ids, records)], bool)
   return np.where(hits.any(1), hits.argmax(1), hits.shape[1])
 
@@ -444,11 +447,14 @@ def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
       os.path.join(work, "minilm_model")).retriever.query_seq_length
   depth = min(hybrid.FUSION["depth"], len(blocks))
 
+  # The index's BM25 part, as realm-answer's hybrid reads it: a list holds only the blocks
+  # that share a word with the question (bm25s pads its top k with blocks of score 0).
+  bm25 = sparse_index.SparseIndex.build(texts)
+
   def lists(records):
     q_emb, _ = embed_token_ids(tower, question_rows(tower.embedder.tokenizer, records, length),
                                length, batch_size, type_ids=False)
-    return (*dense.search(q_emb, depth), *bm25_search(texts, [r.question for r in records],
-                                                      depth))
+    return (*dense.search(q_emb, depth), *bm25.search([r.question for r in records], depth))
 
   dev, _ = qa.read_qa(os.path.join(work, "qa", "squad-dev.jsonl"))
   dev_lists = lists(dev)
@@ -697,6 +703,31 @@ def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int,
   return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
           "before": before, "after": after,
           "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+
+
+def evaluate_hybrid_reader(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
+  """The fine-tuned Open-QA model answering with ``--retriever=hybrid`` (``realm-eval``'s
+  path) on the ORQA row's test sample, into ``hybrid_reader_eval/``: its own query tower's top
+  blocks over the ICT index fused with BM25's (``hybrid.FUSION``, over each list's top
+  ``FUSION["depth"]``, as ``realm-answer`` retrieves), read as the ORQA row reads them. The
+  ICT index may predate the indexes' BM25 parts: ``ict_index_sparse/`` is then the same
+  embeddings published again with one."""
+  index_dir = os.path.join(work, "ict_index")
+  index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
+  if index.sparse is None:
+    index_dir = os.path.join(work, "ict_index_sparse")
+    if publish.read_latest(index_dir) is None:
+      stages.build_index(os.path.join(work, "ict_model"), os.path.join(work, "blocks"),
+                         index_dir, embeddings=np.asarray(index.embeddings))
+  test_file, _ = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
+  records, _ = qa.read_qa(test_file)
+  model = predict.OpenQA.load(os.path.join(work, "openqa"), index_dir,
+                              os.path.join(work, "blocks"),
+                              reader_beam_size=budget.reader_beam_size,
+                              retriever_beam_size=hybrid.FUSION["depth"], retriever="hybrid")
+  _, rows, after = score_openqa(model, records, budget, os.path.join(work, "hybrid_reader_eval"))
+  return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
+          "index": os.path.basename(index_dir), "after": after}
 
 
 def read_given_beams(model, beams: Dict[str, np.ndarray]) -> None:

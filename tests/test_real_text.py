@@ -19,6 +19,7 @@ from experiments import real_text
 from experiments import text_stages
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import publish
+from realm_tf.retrieval import sparse_index
 
 # From the enwiki dump's Anarchism page (assets/wikipedia): the reference holds an unmatched
 # '' (closing an italic that never opened), which pairs with the next line's '' and makes
@@ -241,8 +242,9 @@ def test_tiny_run_ict(tiny_run):
 
 
 def test_tiny_run_hybrid(tiny_run):
-  """The hybrid row: the ICT row's and BM25's top lists, scored again from the ICT index and
-  bm25s, fused by the library's rule; its recall is that of its saved top ids."""
+  """The hybrid row: the ICT row's top list, scored again from the ICT index, and the index's
+  BM25 part's (only blocks that share a word with the question), fused by the library's rule;
+  its recall is that of its saved top ids."""
   # pylint: disable=g-import-not-at-top
   from realm_tf.data import manifests
   from realm_tf.retrieval import hybrid
@@ -260,8 +262,8 @@ def test_tiny_run_hybrid(tiny_run):
                              "embeddings.npy"))
   scores = q_emb @ emb.T
   ict_ids = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
-  bm25 = text_stages.bm25_search([f"{b['title']}\n{b['body']}" for b in blocks],
-                                 [r.question for r in test], depth)
+  bm25 = sparse_index.SparseIndex.build(
+      [f"{b['title']}\n{b['body']}" for b in blocks]).search([r.question for r in test], depth)
   want = hybrid.fuse(ict_ids, np.take_along_axis(scores, ict_ids, 1), *bm25, depth).ids
   np.testing.assert_array_equal(np.load(os.path.join(work, "hybrid", "top_ids.npy")), want)
   bodies = [b["body"] for b in blocks]
@@ -270,12 +272,14 @@ def test_tiny_run_hybrid(tiny_run):
   assert set(row["dev_recall"]) == {"BM25", "ICT"} | {
       f"bm25_weight {w}" for w in text_stages.HYBRID_WEIGHTS}
   # Its page pairs it with BM25 on the same questions.
-  first = {k: text_stages.first_hits(ids, bodies, test) for k, ids in (("hybrid", want),
-                                                                       ("bm25", bm25[0]))}
+  first = {k: text_stages.first_hits(ids, bodies, test) for k, ids in (
+      ("hybrid", want), ("bm25", np.load(os.path.join(work, "bm25", "top_ids.npy"))))}
   page = open(os.path.join(out, "results", "real_text_hybrid.md")).read()
-  diff = " | ".join(f"{100 * np.mean((first['hybrid'] < k) * 1.0 - (first['bm25'] < k)):+.1f} ["
-                    for k in (1, 5, 20))
-  assert all(part in page for part in ["| hybrid - BM25 | "] + diff.split(" | "))
+  line = next(l for l in page.splitlines() if l.startswith("| hybrid - BM25 | "))
+  cells = line.strip("| ").split(" | ")[1:]
+  for k, cell in zip((1, 5, 20), cells, strict=True):
+    difference = np.mean((first["hybrid"] < k) * 1.0 - (first["bm25"] < k))
+    assert cell.startswith(f"{100 * difference:+.1f} ["), (k, line)
 
 
 def test_tiny_run_openqa(tiny_run):
@@ -322,11 +326,27 @@ def test_tiny_run_openqa(tiny_run):
   bm25_top = np.load(os.path.join(work, "bm25", "top_ids.npy"))[chosen]
   for row, top in zip(read, bm25_top):
     assert [b["block_id"] for b in row["blocks"]] == top[:2].tolist()
-  # So did the hybrid row the hybrid's, and its paired EM is the records' difference.
+  # The hybrid row: the fine-tuned model with --retriever=hybrid, i.e. its own query tower's
+  # top 20 over the ICT index's embeddings fused with BM25's top 20 (index without a BM25 part:
+  # the same embeddings published again with one); its paired EM is the records' difference.
+  # pylint: disable=g-import-not-at-top
+  from realm_tf import embedder_api
+  from realm_tf.retrieval import hybrid
+  # pylint: enable=g-import-not-at-top
   with open(os.path.join(work, "hybrid_reader_eval", "predictions_with_evidence.jsonl")) as f:
     fused_read = [json.loads(line) for line in f]
-  fused_top = np.load(os.path.join(work, "hybrid", "top_ids.npy"))[chosen]
-  assert [[b["block_id"] for b in r["blocks"]] for r in fused_read] == fused_top[:, :2].tolist()
+  tower = embedder_api.Embedder.load(train["model_dir"], predict.best_checkpoint(
+      train["model_dir"]))
+  emb = np.load(os.path.join(publish.read_latest(os.path.join(work, "ict_index")),
+                             "embeddings.npy"))
+  scores = tower.embed_queries([r.question for r in sample]) @ emb.T
+  depth = min(20, len(bodies))
+  dense = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
+  blocks = manifests.read_blocks(os.path.join(work, "blocks"))
+  bm25_lists = sparse_index.SparseIndex.build(
+      [f"{b['title']}\n{b['body']}" for b in blocks]).search([r.question for r in sample], depth)
+  fused_top = hybrid.fuse(dense, np.take_along_axis(scores, dense, 1), *bm25_lists, 2).ids
+  assert [[b["block_id"] for b in r["blocks"]] for r in fused_read] == fused_top.tolist()
   em = {k: np.array([r["correct"] for r in rs], float) for k, rs in (("hybrid", fused_read),
                                                                      ("bm25", read))}
   assert float(fused["exact_match"]) == pytest.approx(em["hybrid"].mean(), abs=1e-4)

@@ -113,9 +113,10 @@ def _post(conn, body):
   return response.status
 
 
-def load_run(port, threads, total, max_seconds, questions, retriever="dense"):
+def load_run(port, threads, total, max_seconds, questions, retriever="dense", seed=0):
   """``threads`` clients until ``total`` requests or ``max_seconds``, each asking with
-  ``retriever``: (statuses, latencies of the 200s, seconds)."""
+  ``retriever`` random questions (client i's drawn from seed ``seed + i``): (statuses,
+  latencies of the 200s, seconds)."""
   lock, sent = threading.Lock(), [0]
   statuses, latencies = [], []
   deadline = time.time() + max_seconds
@@ -145,7 +146,7 @@ def load_run(port, threads, total, max_seconds, questions, retriever="dense"):
     conn.close()
 
   start = time.time()
-  workers = [threading.Thread(target=client, args=(i,)) for i in range(threads)]
+  workers = [threading.Thread(target=client, args=(seed + i,)) for i in range(threads)]
   for w in workers:
     w.start()
   for w in workers:
@@ -163,8 +164,8 @@ def main(argv):
       load_run(port, 2, 20, 60, questions)  # Warm-up: traced functions, tokenized blocks.
       rows = []
       for threads in [int(c) for c in FLAGS.concurrency]:
-        statuses, latencies, seconds = load_run(port, threads, FLAGS.requests, FLAGS.max_seconds,
-                                            questions)
+        statuses, latencies, seconds = load_run(port, threads, FLAGS.requests,
+                                                FLAGS.max_seconds, questions)
         ms = np.asarray(latencies) * 1000
         rows.append((threads, len(statuses), statuses.count(200),
                      sum(s in (429, 503) for s in statuses),

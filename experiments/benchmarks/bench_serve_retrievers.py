@@ -6,7 +6,7 @@ model and corpus, in one run, with one client and with eight.
 
 ``bench_serve_load``'s world (``--num_blocks`` random-word blocks, an untrained Open-QA model of
 the demo's size, an exact index of its block tower, which carries its BM25 part) served by one
-``realm-serve`` process on 127.0.0.1 (``--max_in_flight`` 8, ``--max_batch`` 8, 5 blocks read).
+``realm-serve`` process on 127.0.0.1 (``--max_in_flight``, ``--max_batch`` 8, 5 blocks read).
 For each concurrency, the retrievers take turns in rounds of ``--round`` requests until each
 has sent ``--requests`` or ``--max_seconds`` passed for it, so that a drift of the machine
 falls on all three alike. Each request is ``POST /answer`` with a random question, top_k 3.
@@ -43,13 +43,14 @@ def main(argv):
   try:
     model, index, _, questions = load.make_world(root, FLAGS.num_blocks)
     with load.serving(model, index, os.path.join(root, "serve.log"),
-                      ["--max_in_flight=8", "--max_batch=8"]) as (port, _):
+                      [f"--max_in_flight={FLAGS.max_in_flight}", "--max_batch=8"]) as (port, _):
       for retriever in FLAGS.retrievers:  # Warm-up: traced functions, each retriever's path.
         load.load_run(port, 2, 20, 60, questions, retriever)
       rows = {}
       for threads in [int(c) for c in FLAGS.concurrency]:
         latencies = {r: [] for r in FLAGS.retrievers}
         seconds = {r: 0.0 for r in FLAGS.retrievers}
+        rounds = 0
         while any(len(latencies[r]) < FLAGS.requests and seconds[r] < FLAGS.max_seconds
                   for r in FLAGS.retrievers):
           for r in FLAGS.retrievers:
@@ -57,11 +58,12 @@ def main(argv):
               continue
             statuses, took, elapsed = load.load_run(
                 port, threads, min(FLAGS.round, FLAGS.requests - len(latencies[r])),
-                FLAGS.max_seconds - seconds[r], questions, r)
-            if set(statuses) != {200}:
+                FLAGS.max_seconds - seconds[r], questions, r, seed=1000 * rounds)
+            if set(statuses) - {200}:
               raise RuntimeError(f"{r} at concurrency {threads}: statuses {sorted(set(statuses))}")
             latencies[r] += took
             seconds[r] += elapsed
+          rounds += 1  # Each round's clients draw new questions, the same for each retriever.
         for r in FLAGS.retrievers:
           ms = np.asarray(latencies[r]) * 1000
           rows[threads, r] = (len(ms), np.percentile(ms, 50), np.percentile(ms, 95),

@@ -6,19 +6,21 @@ memory, bytes per block on disk and in memory once loaded, and query latency.
 
 Data: ``--num_blocks`` synthetic blocks of ``--words_per_block`` words (a 288-wordpiece block
 of English holds ~200 words) drawn from a Zipfian vocabulary of ``--vocab_size`` word types
-(exponent 1, as word frequencies in English text), generated a block at a time from a seeded
-generator, as ``SparseIndex.build`` reads a ``BlockStore``: the corpus's text is never held
-whole. Queries: ``--num_queries`` of 8 words from the same distribution.
+(exponent 1, as word frequencies in English text), generated 1,000 blocks at a time from a
+seeded generator, as ``SparseIndex.build`` reads a ``BlockStore``: the corpus's text is never
+held whole. Queries: ``--num_queries`` of 8 words from the same distribution.
 
-Each size runs in a process of its own (so peak memory is that size's), which reports:
+Each size is built in a process of its own (so peak memory is that size's), then loaded and
+queried in another (so nothing of the build stays resident); they report:
 
 * ``build s`` and ``build GiB``: ``SparseIndex.build`` over the stream, and the process's peak
   resident memory (VmHWM) less its resident memory before the build (the interpreter and its
   imports);
 * ``disk B/block``: the saved index (``save``) over the number of blocks;
-* ``loaded B/block``: anonymous resident memory (RssAnon) of a fresh ``load`` after the
-  queries, less that before loading, over the number of blocks. Postings are memory-mapped
-  (page cache, shared and evictable), so this is the vocabulary and the per-block arrays;
+* ``loaded B/block``: anonymous resident memory (RssAnon) of ``load`` in the second process,
+  after the queries, less that before loading, over the number of blocks. Postings are
+  memory-mapped (page cache, shared and evictable), so this is the vocabulary and the
+  per-block arrays;
 * ``text B/block``: the blocks' text in UTF-8, for scale;
 * ``p50 ms``, ``p95 ms``: one query's ``search(k=20)`` on the loaded index (postings read
   through the map, after one warm-up pass over the queries).
@@ -42,7 +44,9 @@ flags.DEFINE_integer("words_per_block", 200, "Words per block.")
 flags.DEFINE_integer("vocab_size", 200_000, "Word types of the Zipfian vocabulary.")
 flags.DEFINE_integer("num_queries", 100, "Timed queries.")
 flags.DEFINE_integer("seed", 0, "Seed of the text.")
-flags.DEFINE_string("child", "", "Internal: run one size and print its JSON.")
+flags.DEFINE_string("child", "", "Internal: 'build' or 'load' one size, print its JSON.")
+flags.DEFINE_string("blocks", "", "Internal: the child's size.")
+flags.DEFINE_string("path", "", "Internal: the child's index directory.")
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,7 +73,8 @@ def _texts(n: int, words_per_block: int, vocab_size: int, seed: int, chunk: int 
       yield " ".join(f"w{i}" for i in row)
 
 
-def run_one(n: int, root: str) -> dict:
+def build_one(n: int, path: str) -> dict:
+  """Builds and saves the index of ``n`` blocks in ``path``: its build figures."""
   from realm_tf.retrieval import sparse_index  # pylint: disable=g-import-not-at-top
   text_bytes = [0]
 
@@ -83,11 +88,16 @@ def run_one(n: int, root: str) -> dict:
   index = sparse_index.SparseIndex.build(counted())
   build_seconds = time.perf_counter() - started
   peak = _status("VmHWM") - before
-  path = os.path.join(root, "sparse")
   index.save(path)
   disk = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-  postings = sum(len(s.rows) for s in index.segments)
-  del index
+  return dict(blocks=n, build_seconds=build_seconds, build_gib=peak / 2**30,
+              disk_per_block=disk / n, text_per_block=text_bytes[0] / n,
+              postings_per_block=sum(len(s.rows) for s in index.segments) / n)
+
+
+def load_one(n: int, path: str) -> dict:
+  """Loads the saved index (a fresh process: no memory of the build) and times queries."""
+  from realm_tf.retrieval import sparse_index  # pylint: disable=g-import-not-at-top
   queries = list(_texts(FLAGS.num_queries, 8, FLAGS.vocab_size, FLAGS.seed + 1))
   anon = _status("RssAnon")
   loaded = sparse_index.SparseIndex.load(path)
@@ -97,35 +107,37 @@ def run_one(n: int, root: str) -> dict:
     t = time.perf_counter()
     loaded.search([q], 20)
     times.append(time.perf_counter() - t)
-  loaded_bytes = _status("RssAnon") - anon
   ms = np.asarray(times) * 1000
-  return dict(blocks=n, build_seconds=build_seconds, build_gib=peak / 2**30,
-              disk_per_block=disk / n, loaded_per_block=loaded_bytes / n,
-              text_per_block=text_bytes[0] / n, postings_per_block=postings / n,
-              vocab=len(loaded.vocab), p50_ms=float(np.percentile(ms, 50)),
-              p95_ms=float(np.percentile(ms, 95)))
+  return dict(loaded_per_block=(_status("RssAnon") - anon) / n, vocab=len(loaded.vocab),
+              p50_ms=float(np.percentile(ms, 50)), p95_ms=float(np.percentile(ms, 95)))
+
+
+def _child(step: str, n: str, path: str) -> dict:
+  proc = subprocess.run(
+      [sys.executable, "-m", "experiments.benchmarks.bench_sparse_index", f"--child={step}",
+       f"--blocks={n}", f"--path={path}", f"--words_per_block={FLAGS.words_per_block}",
+       f"--vocab_size={FLAGS.vocab_size}", f"--num_queries={FLAGS.num_queries}",
+       f"--seed={FLAGS.seed}"],
+      cwd=REPO, capture_output=True, text=True, check=False,
+      env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"))
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  if proc.returncode or not lines:
+    raise RuntimeError(f"{step} of {n} blocks failed:\n{proc.stderr[-3000:]}")
+  return json.loads(lines[-1][len("RESULT "):])
 
 
 def main(argv):
   del argv
   if FLAGS.child:
-    print("RESULT " + json.dumps(run_one(int(float(FLAGS.child)), tempfile.mkdtemp(
-        prefix="bench_sparse_"))), flush=True)
+    run = {"build": build_one, "load": load_one}[FLAGS.child]
+    print("RESULT " + json.dumps(run(int(float(FLAGS.blocks)), FLAGS.path)), flush=True)
     return
   rows = []
   for n in FLAGS.num_blocks:
     root = tempfile.mkdtemp(prefix="bench_sparse_")
     try:
-      proc = subprocess.run(
-          [sys.executable, "-m", "experiments.benchmarks.bench_sparse_index", f"--child={n}",
-           f"--words_per_block={FLAGS.words_per_block}", f"--vocab_size={FLAGS.vocab_size}",
-           f"--num_queries={FLAGS.num_queries}", f"--seed={FLAGS.seed}"],
-          cwd=REPO, capture_output=True, text=True, check=False,
-          env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=root))
-      lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-      if proc.returncode or not lines:
-        raise RuntimeError(f"--num_blocks={n} failed:\n{proc.stderr[-3000:]}")
-      rows.append(json.loads(lines[-1][len("RESULT "):]))
+      path = os.path.join(root, "sparse")
+      rows.append(dict(_child("build", n, path), **_child("load", n, path)))
       print(f"{n}: {rows[-1]}", flush=True)
     finally:
       shutil.rmtree(root, ignore_errors=True)
