@@ -261,8 +261,8 @@ def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[D
                          work: str) -> Dict[str, str]:
   """``results/real_text_hybrid.md``: the fusion rule, the dev table that chose it, and the
   hybrid's rows paired against BM25's and ICT's on the same questions: recall@k on the test
-  questions and, with the Open-QA stages, the same fine-tuned reader's EM on the Open-QA
-  sample."""
+  questions and, with the Open-QA stages, the fine-tuned model's EM with each retriever on the
+  Open-QA sample."""
   h = stages["hybrid"]
   fusion = h["fusion"]
   first = {r["key"]: r["first"] for r in rows}
