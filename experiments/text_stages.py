@@ -227,7 +227,7 @@ def bm25_search(documents: Sequence[str], queries: Sequence[str], k: int
 def run_bm25(work: str, max_questions: int) -> Dict:
   blocks = manifests.read_blocks(os.path.join(work, "blocks"))
   records = test_questions(work, max_questions)
-  ids, scores = bm25_search([f"{b['title']}\n{b['body']}" for b in blocks],
+  ids, scores = bm25_search([sparse_index.block_text(b["title"], b["body"]) for b in blocks],
                             [r.question for r in records], max(TOP_K))
   block_ids = np.array([b["block_id"] for b in blocks])[ids]
   result = recall_at(block_ids, [b["body"] for b in blocks], records)
@@ -438,7 +438,7 @@ def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
   started = time.time()
   blocks = manifests.read_blocks(os.path.join(work, "blocks"))
   bodies = [b["body"] for b in blocks]
-  texts = [f"{b['title']}\n{b['body']}" for b in blocks]
+  texts = [sparse_index.block_text(b["title"], b["body"]) for b in blocks]
   index_dir = os.path.join(work, "ict_index")
   index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
   dense = brute_force.BruteForceIndex(np.asarray(index.embeddings[np.arange(len(blocks))]))
