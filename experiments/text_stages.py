@@ -591,11 +591,13 @@ def evaluate_gold(work: str, squad_file: str, budget: Budget, seed: int, max_art
 
 def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_file: str,
                   block_seq_length: int, retriever: str = "ict_model",
-                  index: str = "ict_index", reader: str = ""):
+                  index: str = "ict_index", reader: str = "", beam: str = "dense"):
   """The Open-QA experiment (``realm-train --experiment=openqa_cpu``): the query tower of
   ``retriever`` (the ICT towers by default), the reader of ``reader`` (default
   ``reader_start``), the frozen ``index``, SQuAD's training questions, ``dev_file`` for
-  validation (the best checkpoint by dev exact match in ``best_ckpt/``)."""
+  validation (the best checkpoint by dev exact match in ``best_ckpt/``). ``beam``: the task's
+  retriever (``task.retriever``); ``hybrid`` retrieves ``hybrid.FUSION["depth"]`` blocks, the
+  fused list answering reads, where ``dense`` retrieves ``--retriever_beam_size``."""
   query_length = model_dir_lib.load_config(
       os.path.join(work, "minilm_model")).retriever.query_seq_length
   return stages.experiment_params(
@@ -615,7 +617,9 @@ def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_fil
           "task.model.retriever.query_seq_length": query_length,
           "task.model.retriever.block_seq_length": block_seq_length,
           "task.model.reader.openqa_seq_length": budget.reader_seq_length,
-          "task.retriever_beam_size": budget.retriever_beam_size,
+          "task.retriever": beam,
+          "task.retriever_beam_size": (budget.retriever_beam_size if beam == "dense"
+                                       else hybrid.FUSION["depth"]),
           "task.reader_beam_size": budget.reader_beam_size,
           f"{LEARNING_RATE}.initial_learning_rate": budget.openqa_learning_rate,
       }, **train_lengths(budget.openqa_steps, budget.openqa_validations)))
@@ -623,14 +627,15 @@ def openqa_params(work: str, vocab_file: str, budget: Budget, seed: int, dev_fil
 
 def train_openqa(clock: Clock, work: str, vocab_file: str, budget: Budget, seed: int,
                  block_seq_length: int, name: str = "openqa", retriever: str = "ict_model",
-                 index: str = "ict_index", reader: str = "", sample_seed: int = -1) -> Dict:
+                 index: str = "ict_index", reader: str = "", sample_seed: int = -1,
+                 beam: str = "dense") -> Dict:
   """ORQA's fine-tuning (``tasks/openqa.py``, ``--mode=train_and_eval``) into ``<name>/``
-  (``openqa_params``' starts), validated on ``--openqa_dev_questions`` dev questions at each
-  checkpoint (drawn with ``sample_seed``, default ``seed``)."""
+  (``openqa_params``' starts and ``beam``), validated on ``--openqa_dev_questions`` dev
+  questions at each checkpoint (drawn with ``sample_seed``, default ``seed``)."""
   dev_file, _ = qa_subset(work, "dev", budget.openqa_dev_questions,
                           seed if sample_seed < 0 else sample_seed)
   params = openqa_params(work, vocab_file, budget, seed, dev_file, block_seq_length,
-                         retriever, index, reader)
+                         retriever, index, reader, beam)
   model_dir = os.path.join(work, name)
   start = time.time()
   stages.train(clock, "Open-QA", params, model_dir, seed, mode="train_and_eval")
@@ -705,13 +710,10 @@ def evaluate_openqa(work: str, budget: Budget, seed: int, max_questions: int,
           "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
 
 
-def evaluate_hybrid_reader(work: str, budget: Budget, seed: int, max_questions: int) -> Dict:
-  """The fine-tuned Open-QA model answering with ``--retriever=hybrid`` (``realm-eval``'s
-  path) on the ORQA row's test sample, into ``hybrid_reader_eval/``: its own query tower's top
-  blocks over the ICT index fused with BM25's (``hybrid.FUSION``, over each list's top
-  ``FUSION["depth"]``, as ``realm-answer`` retrieves), read as the ORQA row reads them. The
-  ICT index may predate the indexes' BM25 parts: ``ict_index_sparse/`` is then the same
-  embeddings published again with one."""
+def sparse_index_dir(work: str) -> str:
+  """The ICT index with a BM25 part: ``ict_index/`` when it has one, else ``ict_index_sparse/``,
+  the same embeddings published again with one (the run's ICT index may predate the indexes'
+  BM25 parts)."""
   index_dir = os.path.join(work, "ict_index")
   index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
   if index.sparse is None:
@@ -719,15 +721,27 @@ def evaluate_hybrid_reader(work: str, budget: Budget, seed: int, max_questions: 
     if publish.read_latest(index_dir) is None:
       stages.build_index(os.path.join(work, "ict_model"), os.path.join(work, "blocks"),
                          index_dir, embeddings=np.asarray(index.embeddings))
+  return index_dir
+
+
+def evaluate_hybrid_reader(work: str, budget: Budget, seed: int, max_questions: int,
+                           name: str = "openqa", out: str = "hybrid_reader_eval") -> Dict:
+  """The fine-tuned Open-QA model of ``<name>/`` answering with ``--retriever=hybrid``
+  (``realm-eval``'s path) on the ORQA row's test sample, into ``<out>/``: its own query tower's
+  top blocks over the ICT index (``sparse_index_dir``) fused with BM25's (``hybrid.FUSION``,
+  over each list's top ``FUSION["depth"]``, as ``realm-answer`` retrieves), read as the ORQA
+  row reads them."""
+  index_dir = sparse_index_dir(work)
   test_file, _ = qa_subset(work, "test", budget.openqa_test_questions, seed, max_questions)
   records, _ = qa.read_qa(test_file)
-  model = predict.OpenQA.load(os.path.join(work, "openqa"), index_dir,
+  model = predict.OpenQA.load(os.path.join(work, name), index_dir,
                               os.path.join(work, "blocks"),
                               reader_beam_size=budget.reader_beam_size,
                               retriever_beam_size=hybrid.FUSION["depth"], retriever="hybrid")
-  _, rows, after = score_openqa(model, records, budget, os.path.join(work, "hybrid_reader_eval"))
+  _, rows, after = score_openqa(model, records, budget, os.path.join(work, out))
   return {"test_file": test_file, "test_questions": len(rows), "checkpoint": model.checkpoint,
-          "index": os.path.basename(index_dir), "after": after}
+          "index": os.path.basename(index_dir), "block_prior": model.builder.block_prior(),
+          "after": after}
 
 
 def read_given_beams(model, beams: Dict[str, np.ndarray]) -> None:

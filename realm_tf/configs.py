@@ -313,6 +313,10 @@ class OpenQaTaskConfig(cfg.TaskConfig):
     refresh_index: with ``trainable_blocks``, swap in the newer indexes that the refresher
       publishes between batches (False: search the first index throughout).
     index_wait_seconds: with ``trainable_blocks``, how long to wait for the first index.
+    retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (ORQA's and
+      REALM's), ``bm25`` or ``hybrid`` (the index's BM25 part, beside the dense search for
+      ``hybrid``). The retriever loss and the reader's block scores use the query tower's
+      logits over that beam whichever it is.
   """
   model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
   train_data: OpenQaDataConfig = dataclasses.field(default_factory=OpenQaDataConfig)
@@ -329,6 +333,7 @@ class OpenQaTaskConfig(cfg.TaskConfig):
   trainable_blocks: int = 0
   refresh_index: bool = True
   index_wait_seconds: float = 600.0
+  retriever: str = "dense"
 
 @dataclasses.dataclass
 class IndexConfig(hyperparams.Config):

@@ -17,13 +17,15 @@ from realm_tf.retrieval import publish
 from test_realm_index_updates import _setup
 
 
-def brute_force_fusion(dense, dense_scores, sparse, sparse_scores, k, w=0.7):
+def brute_force_fusion(dense, dense_scores, sparse, sparse_scores, k, w=0.7, scores=False):
   def normalized(ids, scores):
     pairs = [(b, s) for b, s in zip(ids, scores) if b >= 0]
     lo, hi = min(s for _, s in pairs), max(s for _, s in pairs)
     return {b: (s - lo) / (hi - lo) if hi > lo else 1.0 for b, s in pairs}
   d, b = normalized(dense, dense_scores), normalized(sparse, sparse_scores)
   fused = {x: w * b.get(x, 0) + (1 - w) * d.get(x, 0) for x in set(d) | set(b)}
+  if scores:
+    return fused
   dense = list(dense)
   order = sorted(fused, key=lambda x: (-fused[x], dense.index(x) if x in dense else 1e9, x))
   return (order + [-1] * k)[:k]
@@ -41,6 +43,12 @@ def test_fusion_is_the_weighted_sum_of_normalized_scores_with_each_blocks_ranks(
   for i in range(len(dense)):
     assert beam.ids[i].tolist() == brute_force_fusion(dense[i], dense_scores[i], sparse[i],
                                                       sparse_scores[i], 6)
+    # Its fused score on the dense scores' range: the dense list's own best and worst ends.
+    lo, hi = dense_scores[i].min(), dense_scores[i].max()
+    fused = brute_force_fusion(dense[i], dense_scores[i], sparse[i], sparse_scores[i], 6,
+                               scores=True)
+    np.testing.assert_allclose(beam.fused[i], [lo + fused[b] * (hi - lo) for b in beam.ids[i]],
+                               rtol=1e-5)
     for j, b in enumerate(beam.ids[i]):
       for ranks, ranked in ((beam.dense_rank, dense[i]), (beam.bm25_rank, sparse[i])):
         want = list(ranked).index(b) if b in ranked else -1
@@ -91,6 +99,33 @@ def test_builder_beams_over_a_published_index_and_the_evidence_says_who_found_it
     np.testing.assert_array_equal(features["beam_ids"], want)
     np.testing.assert_array_equal(features["beam_emb"], index.embeddings[want])
   assert (beams["dense"]["beam_bm25_rank"] == -1).all()
+  # The block prior: a fused beam's rule (the index's, else the builder's), never a dense or
+  # BM25 beam's; the index's record predating it reads as today's rule.
+  assert hybrid.fusion_of(index) == hybrid.FUSION
+  old = type("Old", (), {"manifest": {"sparse": {"fusion": {"bm25_weight": 0.5}}}})()
+  assert hybrid.fusion_of(old) == dict(hybrid.FUSION, bm25_weight=0.5)
+  deep = index.search(emb.astype(np.float32), 20)
+  fused = hybrid.fuse(*deep, *index.sparse.search([q.question for q in questions], 20), 6)
+  for prior in hybrid.BLOCK_PRIORS:
+    for retriever in hybrid.RETRIEVERS:
+      builder = host.build_input_builder(config, setup["index"], retriever_beam_size=6,
+                                         reader_beam_size=3, retriever=retriever,
+                                         block_prior=prior)
+      features = builder.features(questions, emb)
+      if retriever != "hybrid" or prior == "retriever":
+        assert "block_prior" not in features and set(host.model_features(features)) == set(
+            host.MODEL_FEATURES)
+      else:
+        want = fused.fused[:, :3] if prior == "fusion" else np.zeros([2, 3])
+        np.testing.assert_allclose(features["block_prior"], want, rtol=1e-6)
+        assert "block_prior" in host.model_features(features)
+  builder = host.build_input_builder(config, setup["index"], retriever_beam_size=6,
+                                     reader_beam_size=3, retriever="hybrid")
+  assert builder.block_prior() == hybrid.FUSION["block_prior"]
+  assert builder.block_prior("dense") == "retriever"
+  with pytest.raises(ValueError, match="unknown block prior 'uniform': one of retriever"):
+    host.build_input_builder(config, setup["index"], retriever_beam_size=6,
+                             reader_beam_size=3, retriever="hybrid", block_prior="uniform")
   assert (beams["bm25"]["beam_bm25_rank"][:, 0] == 0).all()
   # The report names the retrievers of each block read.
   e = predict.Evidence(3, "Paris", "text", 1.0, dense_rank=2, bm25_rank=0)

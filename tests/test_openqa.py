@@ -382,6 +382,16 @@ def test_model_span_logits_match_numpy(tiny):
     np.testing.assert_allclose(shift[i, r][valid[i, r]], delta[i, r], atol=1e-4)
   np.testing.assert_allclose(np.delete(shift, r, axis=1), 0.0, atol=1e-6)
 
+  # A block prior (a fused beam's rule) stands in for the retriever logit in every span score
+  # of its block; the retriever logits are unchanged.
+  prior = np.random.default_rng(6).normal(size=[b, READ]).astype(np.float32)
+  out3 = model(dict(_tensors(f, host.MODEL_FEATURES), block_prior=tf.constant(prior)),
+               training=False)
+  np.testing.assert_allclose(out3["retriever_logits"], out["retriever_logits"], atol=1e-6)
+  want = ref["logits"] - ref["retriever"][:, :READ, None] + prior[:, :, None]
+  np.testing.assert_allclose(out3["reader_logits"].numpy()[valid], want[valid], rtol=1e-5,
+                             atol=1e-4)
+
 
 def test_model_compiles_with_xla(tiny):
   model, feats = tiny["model"], _tensors(tiny["features"], host.MODEL_FEATURES)
@@ -592,7 +602,7 @@ def trained(openqa_world, tmp_path_factory):
   model_dir = str(root / "openqa")
   metrics = train_lib.run_experiment(params, model_dir, mode="train_and_eval")
   return dict(root=root, files=files, blocks_dir=blocks_dir, realm_dir=realm_dir,
-              index_dir=index_dir, model_dir=model_dir, metrics=metrics,
+              index_dir=index_dir, model_dir=model_dir, metrics=metrics, params=params,
               tiny_trainer=openqa_world["tiny_trainer"], vocab=files["vocab"])
 
 
@@ -660,6 +670,37 @@ def test_end_to_end_train_eval_and_answer(trained):
       assert e.text == fields[e.block_id]["body"] and e.title == fields[e.block_id]["title"]
     assert np.isfinite(a.score)
   assert json.dumps(answers[0].to_json())
+
+
+def test_fine_tuning_reads_the_beam_of_its_retriever(trained):
+  """``task.retriever``: the training batches' beams are that retriever's over the index
+  (``hybrid.retrieve`` with the query tower of the step), each block's embedding with it."""
+  from realm_tf.retrieval import hybrid  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  t = trained
+  index = mips_index.load_index(publish.read_latest(t["index_dir"]))
+  questions = inputs_lib.load_questions(t["files"]["qa_train"])
+  for retriever in ("hybrid", "bm25"):
+    task = openqa_task.OpenQaTask(t["params"].task.replace(retriever=retriever))
+    model = task.build_model()
+    task.initialize(model)
+    batch = next(iter(task.build_inputs(task.task_config.train_data)))
+    chosen = [questions[i] for i in batch["question_index"].numpy()]
+    embeddings = task._embed_questions(task.builder().question_inputs(
+        [q.question for q in chosen]))
+    want = hybrid.retrieve(index, retriever, embeddings, [q.question for q in chosen], 10)
+    np.testing.assert_array_equal(batch["beam_ids"].numpy(), want.ids)
+    np.testing.assert_array_equal(batch["beam_emb"].numpy(), index.embeddings[want.ids])
+    assert (want.bm25_rank >= 0).any() and (want.dense_rank < 0).any()   # not the dense beam
+    # A fused beam is read by its rule's block prior, as answering reads it.
+    prior = task.builder().block_prior()
+    if prior == "retriever":
+      assert "block_prior" not in batch
+    else:
+      np.testing.assert_allclose(batch["block_prior"].numpy(), want.fused[:, :8] if
+                                 prior == "fusion" else 0.0, rtol=1e-6)
+  with pytest.raises(errors.RetrievalError, match="unknown retriever"):
+    openqa_task.OpenQaTask(t["params"].task.replace(retriever="bm42")).builder()
 
 
 def test_bad_inputs(trained, tmp_path):

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+import yaml
 
 from data_prep import blocks
 from data_prep import squad
@@ -300,8 +301,8 @@ def test_tiny_run_openqa(tiny_run):
     rows = list(csv.DictReader(f))
   assert [r["model"] for r in rows] == [real_text.OPENQA_GOLD, real_text.OPENQA_BEFORE,
                                         real_text.OPENQA_AFTER, real_text.OPENQA_BM25,
-                                        real_text.OPENQA_HYBRID]
-  gold, before, after, bm25, fused = rows
+                                        real_text.OPENQA_HYBRID, real_text.OPENQA_HYBRID_FT]
+  gold, before, after, bm25, fused, fused_ft = rows
   assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
   # Stage A ran, Open-QA started from its reader, and its gold row is the test sample's.
   assert text_stages.reader_start(work) == os.path.join(work, "gold_reader")
@@ -355,6 +356,27 @@ def test_tiny_run_openqa(tiny_run):
   with open(os.path.join(out, "results", "real_text_openqa_questions.csv")) as f:
     records = list(csv.DictReader(f))
   assert [int(r["hybrid_em"]) for r in records] == em["hybrid"].astype(int).tolist()
+  # The hybrid fine-tune: ORQA's fine-tuning with hybrid beams of the rule's depth, answering
+  # with the hybrid through its own fine-tuned query tower.
+  ft = stages["openqa_hybrid_train"]
+  with open(os.path.join(ft["model_dir"], "params.yaml")) as f:
+    task = yaml.safe_load(f)["task"]
+  assert task["retriever"] == "hybrid" and task["retriever_beam_size"] == 20
+  assert task["index_dir"] == text_stages.sparse_index_dir(work)
+  assert int(fused_ft["checkpoint_step"]) == ft["best_step"] in [s for s, _ in ft["dev"][
+      "exact_match"]]
+  tower = embedder_api.Embedder.load(ft["model_dir"], predict.best_checkpoint(ft["model_dir"]))
+  scores = tower.embed_queries([r.question for r in sample]) @ emb.T
+  dense = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
+  fused_top = hybrid.fuse(dense, np.take_along_axis(scores, dense, 1), *bm25_lists, 2).ids
+  with open(os.path.join(work, "openqa_hybrid_eval", "predictions_with_evidence.jsonl")) as f:
+    ft_read = [json.loads(line) for line in f]
+  assert [[b["block_id"] for b in r["blocks"]] for r in ft_read] == fused_top.tolist()
+  em["hybrid_ft"] = np.array([r["correct"] for r in ft_read], float)
+  assert float(fused_ft["exact_match"]) == pytest.approx(em["hybrid_ft"].mean(), abs=1e-4)
+  assert [int(r["hybrid_ft_em"]) for r in records] == em["hybrid_ft"].astype(int).tolist()
+  assert (f"| hybrid fine-tune - BM25 | {100 * (em['hybrid_ft'] - em['bm25']).mean():+.1f} ["
+          in page)
   # Read match is what fine-tuning trains on: a question whose read rows (the builder's
   # features for the blocks it read) hold a gold span.
   assert gold["read_match"] == before["read_match"] == ""

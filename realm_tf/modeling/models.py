@@ -140,10 +140,13 @@ class OpenQaModel(tf_keras.Model):
 
   Inputs (``features``): ``question_word_ids``/``question_mask``/``question_type_ids``
   ``[b, Lq]``; ``beam_emb`` ``[b, B, d]``; ``reader_word_ids``/``reader_mask``/
-  ``reader_type_ids`` ``[b, R, Lr]`` (R <= B: the top of the beam).
+  ``reader_type_ids`` ``[b, R, Lr]`` (R <= B: the top of the beam); optionally
+  ``block_prior`` ``[b, R]``, each read block's score in place of its retriever logit (a fused
+  beam's rule: ``inputs.OpenQaInputBuilder``'s ``block_prior``).
 
   Outputs: ``retriever_logits`` ``[b, B]``; ``reader_logits`` ``[b, R, C]``, the span scores
-  plus the block's retriever logit, invalid spans at ``-10000`` (ORQA's mask); and the
+  plus the block's retriever logit (or its ``block_prior``), invalid spans at ``-10000``
+  (ORQA's mask); and the
   candidate spans ``span_starts``/``span_ends`` ``[b, R, C]`` (positions in the reader input).
   """
 
@@ -194,8 +197,10 @@ class OpenQaModel(tf_keras.Model):
     span_logits = tf.cast(self.reader.span_scorer(sequence, starts, ends), tf.float32)
     span_logits += openqa_losses.mask_to_score(valid)
     num_spans = starts.shape[-1]
+    prior = features.get("block_prior")
+    prior = retriever_logits[:, :read] if prior is None else prior
     reader_logits = (tf.reshape(span_logits, [batch, read, num_spans]) +
-                     tf.cast(retriever_logits[:, :read, None], tf.float32))
+                     tf.cast(prior[:, :, None], tf.float32))
     return dict(retriever_logits=tf.cast(retriever_logits, tf.float32),
                 reader_logits=reader_logits,
                 span_starts=tf.reshape(starts, [batch, read, num_spans]),

@@ -11,6 +11,8 @@ beam (at most the corpus).
 import logging
 from typing import Dict, Optional
 
+import numpy as np
+
 import tensorflow as tf
 
 from realm_tf import configs
@@ -29,6 +31,13 @@ MODEL_FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "be
                   "reader_word_ids", "reader_mask", "reader_type_ids")
 # The block tower's inputs of the top of the beam (``trainable_blocks``).
 BLOCK_TOWER_FEATURES = ("beam_block_word_ids", "beam_block_mask", "beam_block_type_ids")
+
+
+def model_features(features: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
+  """The features of a batch that the model reads, as tensors: ``MODEL_FEATURES`` and, when
+  the builder gave one, the ``block_prior`` of a fused beam."""
+  names = MODEL_FEATURES + (("block_prior",) if "block_prior" in features else ())
+  return {k: tf.constant(features[k]) for k in names}
 
 
 def beam_size(retriever_beam_size: int, num_blocks: int) -> int:
@@ -71,13 +80,14 @@ def build_input_builder(model: configs.RealmModelConfig, index_dir: str, blocks_
                         retriever_beam_size: int = 5000, reader_beam_size: int = 5,
                         max_gold_spans: int = 32, trainable_blocks: int = 0,
                         watch: bool = False, wait_seconds: float = 0.0,
-                        retriever: str = "dense") -> inputs_lib.OpenQaInputBuilder:
+                        retriever: str = "dense", block_prior: Optional[str] = None
+                        ) -> inputs_lib.OpenQaInputBuilder:
   """The host side of a model over an index: the index, its embeddings, the block texts and
   titles and the tokenizer (``open_index`` for ``blocks_dir``, ``watch``, ``wait_seconds``).
 
   ``trainable_blocks`` N > 0: the builder also gives the top N beam blocks' block-tower inputs,
-  packed from the block store per batch as the refresher packs the corpus. ``retriever``:
-  ``inputs.OpenQaInputBuilder``'s.
+  packed from the block store per batch as the refresher packs the corpus. ``retriever``,
+  ``block_prior``: ``inputs.OpenQaInputBuilder``'s.
   """
   handle, blocks_dir = open_index(index_dir, blocks_dir, model.retriever.projection_size,
                                   watch=watch, wait_seconds=wait_seconds)
@@ -96,13 +106,14 @@ def build_input_builder(model: configs.RealmModelConfig, index_dir: str, blocks_
       reader_beam_size=reader_beam_size, max_gold_spans=max_gold_spans,
       titles=store.titles.blocks(), blocks=store if trainable_blocks else None,
       block_seq_length=model.retriever.block_seq_length, trainable_blocks=trainable_blocks,
-      handle=handle, retriever=retriever)
+      handle=handle, retriever=retriever, block_prior=block_prior)
 
 
-def feature_signature(cfg: configs.OpenQaTaskConfig, num_blocks: int
-                      ) -> Dict[str, tf.TensorSpec]:
-  """The shapes of one question's features (``inputs.FEATURES``, and the ``beam_block_*``
-  inputs of the block tower with ``trainable_blocks``) over a corpus of ``num_blocks``."""
+def feature_signature(cfg: configs.OpenQaTaskConfig, num_blocks: int,
+                      block_prior: bool = False) -> Dict[str, tf.TensorSpec]:
+  """The shapes of one question's features (``inputs.FEATURES``, the ``beam_block_*``
+  inputs of the block tower with ``trainable_blocks``, and ``block_prior`` when the beam's
+  rule gives one) over a corpus of ``num_blocks``."""
   model = cfg.model
   lq, lr = model.retriever.query_seq_length, model.reader.openqa_seq_length
   beam, read = beam_size(cfg.retriever_beam_size, num_blocks), cfg.reader_beam_size
@@ -118,4 +129,6 @@ def feature_signature(cfg: configs.OpenQaTaskConfig, num_blocks: int
   if cfg.trainable_blocks:
     fresh = [cfg.trainable_blocks, model.retriever.block_seq_length]
     signature.update({k: spec(fresh) for k in BLOCK_TOWER_FEATURES})
+  if block_prior:
+    signature["block_prior"] = spec([read], tf.float32)
   return signature

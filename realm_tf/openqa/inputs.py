@@ -246,6 +246,11 @@ class OpenQaInputBuilder:
     handle: the ``IndexHandle`` that ``search`` goes through, for ``maybe_swap``.
     retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (``search``),
       ``bm25`` or ``hybrid`` (these two through ``handle``'s index's sparse part).
+    block_prior: how the reader weighs the blocks of a ``hybrid`` beam against each other
+      (``hybrid.BLOCK_PRIORS``; default: the index's fusion rule's). ``retriever`` adds each
+      block's query-tower logit to its span scores (ORQA's rule, and always that of ``dense``
+      and ``bm25`` beams); ``fusion`` adds its fused score (``hybrid.fuse``'s ``Beam.fused``);
+      ``none`` adds nothing. The last two give the batch a ``block_prior`` feature ``[b, R]``.
   """
 
   def __init__(self, bodies: Sequence[str], embeddings: np.ndarray, search: Callable,
@@ -253,7 +258,8 @@ class OpenQaInputBuilder:
                retriever_beam_size: int, reader_beam_size: int, max_gold_spans: int = 32,
                titles: Optional[Sequence[str]] = None,
                blocks=None, block_seq_length: int = 0, trainable_blocks: int = 0,
-               handle=None, retriever: str = hybrid.DEFAULT):
+               handle=None, retriever: str = hybrid.DEFAULT,
+               block_prior: Optional[str] = None):
     if len(bodies) != len(embeddings):
       raise ValueError(f"{len(bodies)} blocks but {len(embeddings)} block embeddings")
     if reader_beam_size > retriever_beam_size:
@@ -282,6 +288,10 @@ class OpenQaInputBuilder:
     self.trainable_blocks = trainable_blocks
     self.handle = handle
     self.retriever = hybrid.check(retriever, handle.index if handle is not None else None)
+    if block_prior is not None and block_prior not in hybrid.BLOCK_PRIORS:
+      raise configs.ConfigError(f"unknown block prior {block_prior!r}: one of "
+                                f"{', '.join(hybrid.BLOCK_PRIORS)}")
+    self._block_prior = block_prior
     self._blocks: Dict[int, BlockText] = {}
     self._pack_questions = None
     self.stats = dict(questions=0, questions_truncated=0, spans_dropped=0)
@@ -292,6 +302,14 @@ class OpenQaInputBuilder:
       return False
     self.embeddings = self.handle.embeddings()
     return True
+
+  def block_prior(self, retriever: Optional[str] = None) -> str:
+    """The block prior of a ``retriever`` beam (default: the builder's retriever)."""
+    if (retriever or self.retriever) != "hybrid":
+      return "retriever"
+    if self._block_prior is not None:
+      return self._block_prior
+    return hybrid.fusion_of(self.handle.index)["block_prior"]
 
   def block_texts(self, block_ids: Sequence[int]) -> List[BlockText]:
     """The reader's view of the given blocks (tokenized once, then cached)."""
@@ -388,6 +406,10 @@ class OpenQaInputBuilder:
       packed = self.blocks.gather_packed(ids[:, :self.trainable_blocks], self.block_seq_length,
                                          self.tokenizer.cls_id, self.tokenizer.sep_id)
       features.update({f"beam_block_{k[6:]}": v for k, v in packed.items()})
+    prior = self.block_prior(retriever)
+    if prior != "retriever":
+      features["block_prior"] = (beam.fused[:, :self.read] if prior == "fusion" else
+                                 np.zeros([n, self.read])).astype(np.float32)
     if with_ranks:
       features.update(beam_dense_rank=beam.dense_rank, beam_bm25_rank=beam.bm25_rank)
     return features

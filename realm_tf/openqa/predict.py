@@ -11,7 +11,7 @@ Example::
 
 The model and the index load once; ``answer`` takes a batch. The predicted answer is the best
 span over every span of every read block (span score plus the block's retriever score, as
-ORQA predicts), cut out of the block's own text by character offsets, in whole words
+ORQA predicts; a fused beam's blocks add their fused score instead: ``retrieval.hybrid``), cut out of the block's own text by character offsets, in whole words
 (:func:`answer_chars`: the one rule of every answering path, ``realm-answer``, ``realm-eval``,
 ``realm-serve`` and the training task's validation).
 """
@@ -47,7 +47,7 @@ class Answer:
   """The answer to one question.
 
   ``evidence[block_rank].text[start:end] == answer``; ``score`` is the span's logit (span
-  score + retriever score).
+  score + the block's prior: its retriever score, or a fused beam's fused score).
   """
   question: str
   answer: str
@@ -140,8 +140,10 @@ class OpenQA:
     reader_beam_size: blocks read per question (ORQA: 5).
     retriever_beam_size: blocks retrieved per question, at most the corpus (default: the
       reader beam; more only for ``top_k_match`` in evaluation).
-    retriever: ``dense``, ``bm25`` or ``hybrid`` (``retrieval.hybrid``): the reader reads
-      their blocks the same way, each with the query tower's logit for it.
+    retriever: ``dense``, ``bm25`` or ``hybrid`` (``retrieval.hybrid``).
+    block_prior: what a read block adds to its span scores, for ``hybrid`` (``inputs.
+      OpenQaInputBuilder``'s; default: the index's fusion rule's); ``dense`` and ``bm25``
+      blocks add the query tower's logit for them.
   """
 
   def __init__(self, model: OpenQaModel, builder: inputs_lib.OpenQaInputBuilder,
@@ -161,7 +163,8 @@ class OpenQA:
   @classmethod
   def load(cls, model_dir: str, index_dir: str, blocks_dir: Optional[str] = None,
            checkpoint: Optional[str] = None, reader_beam_size: int = 5,
-           retriever_beam_size: Optional[int] = None, retriever: str = "dense") -> "OpenQA":
+           retriever_beam_size: Optional[int] = None, retriever: str = "dense",
+           block_prior: Optional[str] = None) -> "OpenQA":
     config = model_dir_lib.load_config(model_dir)
     checkpoint = checkpoint or best_checkpoint(model_dir)
     check_span_scorer(checkpoint, model_dir)
@@ -169,7 +172,8 @@ class OpenQA:
     model_dir_lib.restore(checkpoint, query_embedder=model.query_embedder, reader=model.reader)
     builder = host.build_input_builder(
         config, index_dir, blocks_dir or "", reader_beam_size=reader_beam_size,
-        retriever_beam_size=retriever_beam_size or reader_beam_size, retriever=retriever)
+        retriever_beam_size=retriever_beam_size or reader_beam_size, retriever=retriever,
+        block_prior=block_prior)
     return cls(model, builder, checkpoint)
 
   def predict(self, questions: Sequence[inputs_lib.Question]) -> List[Dict]:
@@ -187,7 +191,7 @@ class OpenQA:
                                      with_ranks=True)
     blocks = [self.builder.block_texts(row[:self.builder.read]) for row in features["beam_ids"]]
     middle = time.perf_counter()
-    device = {k: tf.constant(features[k]) for k in host.MODEL_FEATURES}
+    device = host.model_features(features)
     best, retriever_logits = self._read(device)
     best = {k: v.numpy() for k, v in best.items()}
     retriever_logits = retriever_logits.numpy()

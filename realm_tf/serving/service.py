@@ -359,7 +359,7 @@ class QAService:
     read = builder.read
     blocks = [builder.block_texts(row[:read]) for row in features["beam_ids"]]
     retrieved = time.perf_counter()
-    out = self._forward({k: tf.constant(features[k]) for k in host.MODEL_FEATURES})
+    out = self._forward(host.model_features(features))
     logits = out["reader_logits"].numpy()                        # [b, read, spans]
     starts, ends = out["span_starts"].numpy(), out["span_ends"].numpy()
     retrieval = out["retriever_logits"].numpy()

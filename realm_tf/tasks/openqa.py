@@ -68,6 +68,7 @@ from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import handle as handle_lib
+from realm_tf.retrieval import hybrid
 from realm_tf.tasks import base
 
 PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")
@@ -141,7 +142,7 @@ class OpenQaTask(base.RealmBaseTask):
           cfg.model, cfg.index_dir, cfg.blocks_dir, cfg.retriever_beam_size,
           cfg.reader_beam_size, cfg.max_gold_spans, cfg.trainable_blocks,
           watch=trainable and cfg.refresh_index,
-          wait_seconds=cfg.index_wait_seconds if trainable else 0.0)
+          wait_seconds=cfg.index_wait_seconds if trainable else 0.0, retriever=cfg.retriever)
     return self._builder
 
   def _record_block_tower(self) -> None:
@@ -219,8 +220,13 @@ class OpenQaTask(base.RealmBaseTask):
         if not params.is_training:
           return
 
+    # A fused beam read by its fusion rule's block prior (``inputs.OpenQaInputBuilder``) in
+    # training as in answering; with trainable blocks the refresher publishes today's rule.
+    prior = cfg.retriever == "hybrid" and (
+        hybrid.FUSION["block_prior"] if cfg.trainable_blocks
+        else self.builder().block_prior()) != "retriever"
     dataset = tf.data.Dataset.from_generator(
-        generate, output_signature=host.feature_signature(cfg, num_blocks))
+        generate, output_signature=host.feature_signature(cfg, num_blocks, block_prior=prior))
     # No prefetch: each batch is retrieved with the query tower its step starts from.
     return dataset.batch(batch, drop_remainder=params.is_training)
 
