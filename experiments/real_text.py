@@ -85,6 +85,7 @@ from experiments.common import read_json
 from experiments.common import write_json
 from realm_tf.binaries import cli
 from realm_tf.data import manifests
+from realm_tf.retrieval import hybrid
 
 FLAGS = flags.FLAGS
 
@@ -461,8 +462,12 @@ def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Di
       f"{budget['reader_beam_size']} blocks with the fine-tuned model (its span scores "
       "still add the query tower's score of each block); its top-k match is BM25's. The "
       "hybrid row is the fine-tuned model answering with --retriever=hybrid: its own query "
-      "tower's top blocks fused with BM25's by the index's rule "
-      f"({HYBRID_NAME}.md); its top-k match is the fused list's.",
+      "tower's top blocks fused with BM25's by the index's rule, each read block's span "
+      "scores plus its block prior "
+      f"({stages['hybrid_reader']['block_prior'] if 'hybrid_reader' in stages else '-'}; "
+      f"{HYBRID_NAME}.md); its top-k match is the fused list's. The row fine-tuned with "
+      "hybrid beams is ORQA's fine-tuning from the same starts with the hybrid as its "
+      f"retriever (beam {hybrid.FUSION['depth']}, the rule's depth), answering the same way.",
       "",
       f"Read match: an answer inside the part of the {budget['reader_beam_size']} read blocks "
       f"that the reader's {budget['reader_seq_length']} wordpieces hold beside the question "
