@@ -485,7 +485,7 @@ def write_openqa_results(results: str, stages: Dict[str, Dict], work: str) -> Di
                  f"{row['test_questions']} |")
   lines += ["", "| stage | seconds |", "|---|---|"]
   for name in ("reader_convert", "gold_reader", "gold_test", "openqa_train", "openqa_eval",
-               "bm25_reader", "hybrid_reader"):
+               "bm25_reader", "hybrid_reader", "openqa_hybrid_train", "openqa_hybrid_eval"):
     if name in stages:
       lines.append(f"| {name} | {stages[name]['seconds']:.1f} |")
   lines.append("")
