@@ -105,24 +105,37 @@ def test_builder_beams_over_a_published_index_and_the_evidence_says_who_found_it
   old = type("Old", (), {"manifest": {"sparse": {"fusion": {"bm25_weight": 0.5}}}})()
   assert hybrid.fusion_of(old) == dict(hybrid.FUSION, bm25_weight=0.5)
   deep = index.search(emb.astype(np.float32), 20)
-  fused = hybrid.fuse(*deep, *index.sparse.search([q.question for q in questions], 20), 6)
+  deep_bm25 = index.sparse.search([q.question for q in questions], 20)
+  fused = hybrid.fuse(*deep, *deep_bm25, 6)
+  # A BM25 beam's own score: BM25's min-max normalized score over its top 20, on the range
+  # of the dense top 20's scores (0 for a block BM25 did not find).
+  bm25_prior = np.zeros([2, 3])
+  for i in range(2):
+    lo, hi = deep[1][i].min(), deep[1][i].max()
+    found = dict(zip(deep_bm25[0][i].tolist(), deep_bm25[1][i].tolist()))
+    s = np.array([v for b, v in found.items() if b >= 0])
+    for j, b in enumerate(beams["bm25"]["beam_ids"][i, :3]):
+      norm = (found[b] - s.min()) / (s.max() - s.min()) if b in found else 0.0
+      bm25_prior[i, j] = lo + norm * (hi - lo)
   for prior in hybrid.BLOCK_PRIORS:
     for retriever in hybrid.RETRIEVERS:
       builder = host.build_input_builder(config, setup["index"], retriever_beam_size=6,
                                          reader_beam_size=3, retriever=retriever,
                                          block_prior=prior)
       features = builder.features(questions, emb)
-      if retriever != "hybrid" or prior == "retriever":
+      if retriever == "dense" or prior == "retriever":
         assert "block_prior" not in features and set(host.model_features(features)) == set(
             host.MODEL_FEATURES)
       else:
-        want = fused.fused[:, :3] if prior == "fusion" else np.zeros([2, 3])
-        np.testing.assert_allclose(features["block_prior"], want, rtol=1e-6)
+        want = ({"hybrid": fused.fused[:, :3], "bm25": bm25_prior}[retriever]
+                if prior == "fusion" else np.zeros([2, 3]))
+        np.testing.assert_allclose(features["block_prior"], want, rtol=1e-5)
         assert "block_prior" in host.model_features(features)
   builder = host.build_input_builder(config, setup["index"], retriever_beam_size=6,
                                      reader_beam_size=3, retriever="hybrid")
   assert builder.block_prior() == hybrid.FUSION["block_prior"]
   assert builder.block_prior("dense") == "retriever"
+  assert builder.block_prior("bm25") == hybrid.FUSION["block_prior"]
   with pytest.raises(ValueError, match="unknown block prior 'uniform': one of retriever"):
     host.build_input_builder(config, setup["index"], retriever_beam_size=6,
                              reader_beam_size=3, retriever="hybrid", block_prior="uniform")

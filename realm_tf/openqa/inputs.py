@@ -246,11 +246,11 @@ class OpenQaInputBuilder:
     handle: the ``IndexHandle`` that ``search`` goes through, for ``maybe_swap``.
     retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (``search``),
       ``bm25`` or ``hybrid`` (these two through ``handle``'s index's sparse part).
-    block_prior: how the reader weighs the blocks of a ``hybrid`` beam against each other
-      (``hybrid.BLOCK_PRIORS``; default: the index's fusion rule's). ``retriever`` adds each
-      block's query-tower logit to its span scores (ORQA's rule, and always that of ``dense``
-      and ``bm25`` beams); ``fusion`` adds its fused score (``hybrid.fuse``'s ``Beam.fused``);
-      ``none`` adds nothing. The last two give the batch a ``block_prior`` feature ``[b, R]``.
+    block_prior: how the reader weighs the blocks of a ``bm25`` or ``hybrid`` beam against
+      each other (``hybrid.BLOCK_PRIORS``; default: the index's fusion rule's). ``retriever``
+      adds each block's query-tower logit to its span scores (ORQA's rule, and always that of
+      ``dense`` beams); ``fusion`` adds its fused score (``hybrid.Beam.fused``); ``none`` adds
+      nothing. The last two give the batch a ``block_prior`` feature ``[b, R]``.
   """
 
   def __init__(self, bodies: Sequence[str], embeddings: np.ndarray, search: Callable,
@@ -305,7 +305,7 @@ class OpenQaInputBuilder:
 
   def block_prior(self, retriever: Optional[str] = None) -> str:
     """The block prior of a ``retriever`` beam (default: the builder's retriever)."""
-    if (retriever or self.retriever) != "hybrid":
+    if (retriever or self.retriever) == "dense":
       return "retriever"
     if self._block_prior is not None:
       return self._block_prior

@@ -11,7 +11,8 @@ Example::
 
 The model and the index load once; ``answer`` takes a batch. The predicted answer is the best
 span over every span of every read block (span score plus the block's retriever score, as
-ORQA predicts; a fused beam's blocks add their fused score instead: ``retrieval.hybrid``), cut out of the block's own text by character offsets, in whole words
+ORQA predicts; the blocks of a ``bm25`` or ``hybrid`` beam add their BM25 or fused score instead:
+``retrieval.hybrid``), cut out of the block's own text by character offsets, in whole words
 (:func:`answer_chars`: the one rule of every answering path, ``realm-answer``, ``realm-eval``,
 ``realm-serve`` and the training task's validation).
 """
@@ -47,7 +48,7 @@ class Answer:
   """The answer to one question.
 
   ``evidence[block_rank].text[start:end] == answer``; ``score`` is the span's logit (span
-  score + the block's prior: its retriever score, or a fused beam's fused score).
+  score + the block's prior: its retriever score, or a BM25 or fused beam's own score).
   """
   question: str
   answer: str
@@ -141,9 +142,9 @@ class OpenQA:
     retriever_beam_size: blocks retrieved per question, at most the corpus (default: the
       reader beam; more only for ``top_k_match`` in evaluation).
     retriever: ``dense``, ``bm25`` or ``hybrid`` (``retrieval.hybrid``).
-    block_prior: what a read block adds to its span scores, for ``hybrid`` (``inputs.
-      OpenQaInputBuilder``'s; default: the index's fusion rule's); ``dense`` and ``bm25``
-      blocks add the query tower's logit for them.
+    block_prior: what a read block adds to its span scores, for ``bm25`` and ``hybrid``
+      (``inputs.OpenQaInputBuilder``'s; default: the index's fusion rule's); ``dense`` blocks
+      add the query tower's logit for them.
   """
 
   def __init__(self, model: OpenQaModel, builder: inputs_lib.OpenQaInputBuilder,

@@ -220,9 +220,9 @@ class OpenQaTask(base.RealmBaseTask):
         if not params.is_training:
           return
 
-    # A fused beam read by its fusion rule's block prior (``inputs.OpenQaInputBuilder``) in
+    # A BM25 or fused beam read by its rule's block prior (``inputs.OpenQaInputBuilder``) in
     # training as in answering; with trainable blocks the refresher publishes today's rule.
-    prior = cfg.retriever == "hybrid" and (
+    prior = cfg.retriever != "dense" and (
         hybrid.FUSION["block_prior"] if cfg.trainable_blocks
         else self.builder().block_prior()) != "retriever"
     dataset = tf.data.Dataset.from_generator(
