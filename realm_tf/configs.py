@@ -315,8 +315,8 @@ class OpenQaTaskConfig(cfg.TaskConfig):
     index_wait_seconds: with ``trainable_blocks``, how long to wait for the first index.
     retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (ORQA's and
       REALM's), ``bm25`` or ``hybrid`` (the index's BM25 part, beside the dense search for
-      ``hybrid``). The retriever loss and the reader's block scores use the query tower's
-      logits over that beam whichever it is.
+      ``hybrid``). The retriever loss uses the query tower's logits over that beam; the reader
+      adds each read block's prior (``inputs.OpenQaInputBuilder``'s ``block_prior``).
   """
   model: RealmModelConfig = dataclasses.field(default_factory=RealmModelConfig)
   train_data: OpenQaDataConfig = dataclasses.field(default_factory=OpenQaDataConfig)

@@ -141,8 +141,8 @@ class OpenQaModel(tf_keras.Model):
   Inputs (``features``): ``question_word_ids``/``question_mask``/``question_type_ids``
   ``[b, Lq]``; ``beam_emb`` ``[b, B, d]``; ``reader_word_ids``/``reader_mask``/
   ``reader_type_ids`` ``[b, R, Lr]`` (R <= B: the top of the beam); optionally
-  ``block_prior`` ``[b, R]``, each read block's score in place of its retriever logit (a fused
-  beam's rule: ``inputs.OpenQaInputBuilder``'s ``block_prior``).
+  ``block_prior`` ``[b, R]``, each read block's score in place of its retriever logit (a BM25
+  or fused beam's rule: ``inputs.OpenQaInputBuilder``'s ``block_prior``).
 
   Outputs: ``retriever_logits`` ``[b, B]``; ``reader_logits`` ``[b, R, C]``, the span scores
   plus the block's retriever logit (or its ``block_prior``), invalid spans at ``-10000``

@@ -35,7 +35,7 @@ BLOCK_TOWER_FEATURES = ("beam_block_word_ids", "beam_block_mask", "beam_block_ty
 
 def model_features(features: Dict[str, np.ndarray]) -> Dict[str, tf.Tensor]:
   """The features of a batch that the model reads, as tensors: ``MODEL_FEATURES`` and, when
-  the builder gave one, the ``block_prior`` of a fused beam."""
+  the builder gave one, the ``block_prior`` of a BM25 or fused beam."""
   names = MODEL_FEATURES + (("block_prior",) if "block_prior" in features else ())
   return {k: tf.constant(features[k]) for k in names}
 

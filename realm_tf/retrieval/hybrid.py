@@ -35,13 +35,15 @@ RETRIEVERS = ("dense", "bm25", "hybrid")
 DEFAULT = "dense"
 FUSION = {"rule": "weighted sum of per-question min-max normalized scores", "bm25_weight": 0.7,
           "depth": 20, "block_prior": "fusion"}
-# How the reader weighs a fused beam's blocks (``inputs.OpenQaInputBuilder``'s block_prior).
+# How the reader weighs a BM25 or fused beam's blocks (``inputs.OpenQaInputBuilder``'s
+# block_prior).
 BLOCK_PRIORS = ("retriever", "fusion", "none")
 
 
 class Beam(NamedTuple):
   """Blocks retrieved for each question, best first, and each one's rank in each list;
-  ``fused``: a fused beam's scores in the dense scores' units (:func:`fuse`)."""
+  ``fused``: a BM25 or fused beam's own scores on the range of the dense scores (:func:`fuse`,
+  :func:`retrieve`)."""
   ids: np.ndarray          # int64 [q, k]
   dense_rank: np.ndarray   # int32 [q, k]: 0-based rank in the dense list, -1 when not in it
   bm25_rank: np.ndarray    # int32 [q, k]: the same in BM25's list
@@ -107,9 +109,9 @@ def fuse(dense_ids: np.ndarray, dense_scores: np.ndarray, bm25_ids: np.ndarray,
 
 def _on_dense_range(ids: np.ndarray, dense_ids: np.ndarray, dense_scores: np.ndarray,
                     normalized: Dict[int, float]) -> np.ndarray:
-  """``lo + normalized[b] * (hi - lo)`` for each block ``b`` of ``ids`` (0 for a block
-  without one; ``lo`` for -1), where ``lo`` and ``hi`` are the smallest and largest score of
-  the dense list."""
+  """``lo + normalized[b] * (hi - lo)`` for each block ``b`` of ``ids`` (``lo`` for a block
+  without one, and for -1), where ``lo`` and ``hi`` are the smallest and largest score of the
+  dense list."""
   valid = np.asarray(dense_scores, np.float64)[np.asarray(dense_ids) >= 0]
   lo, hi = (valid.min(), valid.max()) if len(valid) else (0.0, 1.0)
   return np.array([lo + normalized.get(int(b), 0.0) * (hi - lo) for b in ids], np.float32)
