@@ -168,12 +168,14 @@ def test_qa_recall_regex_answers_and_off_by_default(world):
   hits = [any(matches(p, bodies[b]) for b in row for p in r["answers"])
           for row, r in zip(top, records)]
   assert 0.0 < np.mean(hits) < 1.0
-  assert logs == {"qa_recall@5": sum(hits) / len(hits), "qa_questions": float(len(records))}
+  assert {k: logs[k] for k in ("qa_recall@5", "qa_questions")} == {
+      "qa_recall@5": sum(hits) / len(hits), "qa_questions": float(len(records))}
 
   off = realm_pretrain.RealmPretrainTask(_params(world).task)
   off.build_inputs(params.task.validation_data)
   off.validation_begin(model)
-  assert off.reduce_aggregated_logs(off.aggregate_logs(None, {})) == {}
+  assert set(off.reduce_aggregated_logs(off.aggregate_logs(None, {}))) == {
+      "held_out_recall@5", "held_out_sentences"}
 
 
 def test_exact_candidates_match_numpy(world):
@@ -201,3 +203,34 @@ def test_exact_candidates_match_numpy(world):
   for row, source, got in zip(ranked, examples["source_uid"], candidates):
     other = [b for b in row if uids[b] != source.decode()]
     assert got.tolist() == [len(blocks)] + other[:k - 1]
+
+
+def test_held_out_recall_over_every_sentence(world):
+  """``held_out_recall@k``: over every held-out sentence (not only the pass's batches), does
+  one of the top k blocks by the towers' NumPy scores, the sentence's own block skipped,
+  hold its answer?"""
+  params = _params(world, **{"task.recall_at": 3, "task.validation_data.global_batch_size": 8,
+                             "trainer.validation_steps": 1})
+  task = realm_pretrain.RealmPretrainTask(params.task)
+  model, _ = _towers(params, str(world["root"] / "towers_held_out" / "ckpt"))
+  task.build_inputs(params.task.validation_data)
+  task.validation_begin(model)
+  logs = task.reduce_aggregated_logs(task.aggregate_logs(None, {}))
+
+  examples = task.loader(params.task.validation_data).read_all()
+  blocks, block_emb = _numpy_blocks(model, world)
+  q_emb = model.query_embedder(dict(
+      input_word_ids=examples["query_ids"], input_mask=examples["query_mask"],
+      input_type_ids=np.zeros_like(examples["query_ids"]))).numpy()
+  ranked = np.argsort(-(q_emb.astype(np.float64) @ block_emb.astype(np.float64).T), axis=1)
+  hits = []
+  for row, source, answer in zip(ranked, examples["source_uid"], examples["answer"]):
+    other = [b for b in row if blocks[b]["uid"] != source.decode()][:3]
+    # The documented rule: the answer's words, a run of whole [0-9a-z] words of the body.
+    pattern = r"(?<![0-9a-z])" + r"[^0-9a-z]+".join(re.findall(
+        "[0-9a-z]+", answer.decode().lower())) + r"(?![0-9a-z])"
+    hits.append(any(re.search(pattern, blocks[b]["body"].lower()) for b in other))
+  assert len(hits) > params.task.validation_data.global_batch_size   # more than one batch
+  assert 0.0 < np.mean(hits) < 1.0
+  assert logs == {"held_out_recall@3": pytest.approx(np.mean(hits)),
+                  "held_out_sentences": float(len(hits))}

@@ -10,6 +10,9 @@ exactly over the corpus embedded with the current block tower at the start of ea
 
 * ``recall@k``: zero-shot retrieval recall on the masked sentences: does one of the top-k
   blocks (the sentence's own block excluded) hold the masked answer (``answers.holds_answer``)?
+  Over the pass's batches as ``recall@k``, and over every held-out sentence as
+  ``held_out_recall@k`` (with ``held_out_sentences``: a cheap, tighter number, as recall reads
+  nothing).
 * ``retrieval_utility``: ``log p(y_j|x) - log p(y_j|null,x)`` per masked token, averaged over
   every real mask token of the pass (as the original code reports it), reading the null block
   and the top ``num_candidates - 1`` blocks; ``mlm_accuracy`` of the marginal prediction.
@@ -17,8 +20,8 @@ exactly over the corpus embedded with the current block tower at the start of ea
   paper): does one of the top-k blocks retrieved for the question (embedded with the current
   query tower, no block excluded) hold an answer? A hit is ORQA's ``HasAnswer``
   (``openqa.inputs.has_answer``) on the block body, the text the Open-QA task tests; and
-  ``qa_questions``, how many questions were asked. These two are computed on the host in
-  ``validation_begin`` and reach the validation logs and summaries through
+  ``qa_questions``, how many questions were asked. These and ``held_out_recall@k`` are computed
+  on the host in ``validation_begin`` and reach the validation logs and summaries through
   ``reduce_aggregated_logs``.
 
 Training and validation also log the retrieval-health signals (``realm_tf.health``: entropy
@@ -259,8 +262,9 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   def validation_begin(self, model: RealmPretrainer):
     """Embeds the corpus with the current block tower and retrieves for the held-out
-    sentences exactly (called by the trainer at the start of each validation pass); with
-    ``qa_eval_path``, also for the QA questions, giving this pass's ``qa_recall@k``."""
+    sentences exactly (called by the trainer at the start of each validation pass), giving
+    ``held_out_recall@k`` over all of them; with ``qa_eval_path``, also for the QA questions,
+    giving this pass's ``qa_recall@k``."""
     cfg = self.task_config
     builder = self.validation_builder()
     examples = self._eval_loader.read_all()
@@ -272,7 +276,12 @@ class RealmPretrainTask(base.RealmBaseTask):
     features = builder.features(examples, candidates=candidates)
     self._eval_features = dict({k: features[k] for k in HOST_PATH_FEATURES},
                                recall_hit=np.asarray(hits, np.float32))
-    self._qa_logs = self._qa_recall(model, index, builder) if cfg.qa_eval_path else {}
+    # Recall needs no reading, so it is measured over every held-out sentence, not only the
+    # pass's batches (whose ``recall@k`` the health monitor follows).
+    self._qa_logs = {f"held_out_recall@{cfg.recall_at}": float(np.mean(hits)),
+                     "held_out_sentences": float(len(hits))}
+    if cfg.qa_eval_path:
+      self._qa_logs.update(self._qa_recall(model, index, builder))
 
   def validation_blocks_dir(self) -> str:
     """The validation corpus: ``validation_data.blocks_dir``, else ``train_data``'s."""
@@ -415,8 +424,9 @@ class RealmPretrainTask(base.RealmBaseTask):
     return {"validation_steps": (state or {}).get("validation_steps", 0) + 1}
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
-    """The host-side numbers of this pass (``qa_recall@k``, ``qa_questions``), which Model
-    Garden adds to the validation logs and summaries."""
+    """The host-side numbers of this pass (``held_out_recall@k``, ``held_out_sentences``,
+    ``qa_recall@k``, ``qa_questions``), which Model Garden adds to the validation logs and
+    summaries."""
     return dict(self._qa_logs)
 
   def transform_gradients(self, grads_and_vars, model, optimizer):
