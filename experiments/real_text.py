@@ -42,8 +42,9 @@ Stages, each skipped when its output exists (delete a stage's directory to redo 
    ``openqa_params``), ``openqa_eval/`` (``realm-eval``'s evaluation on the test sample)
    (``--noopenqa``: not run);
 7. with ``--realm_seeds``, REALM (``experiments/text_realm.py``): ``pretrain/`` (salient-span
-   masked sentences of every block, whole blocks held out), ``mlm_reader/`` (the reading warm
-   start of the MiniLM reader, its fresh MLM head tied to the word embeddings) and its
+   masked sentences of every block, whole blocks held out), ``minilm_mlm/`` (BERT's masked LM
+   for the MiniLM reader, its fresh MLM head tied to the word embeddings), ``mlm_reader/`` (its
+   reading warm start) and ``mlm_reader_distract/`` (the distractor phase), each with its
    masked-span accuracy, then per seed ``realm_<seed>/`` (REALM beside ``realm-refresh``),
    ``realm_<seed>_test/`` (its tower's test recall, as ICT's) and, with the Open-QA stages,
    the mixed row (ORQA's model reading the REALM tower's blocks) and REALM's own Open-QA row
@@ -554,7 +555,10 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
                      ("reader_mlm_accuracy",
                       f"after BERT's masked LM on the training blocks ({mlm.get('steps')} steps)"),
                      ("mlm_reader_accuracy",
-                      f"after the reading warm start ({stages['mlm_reader']['steps']} steps)")):
+                      f"after the reading warm start ({stages['mlm_reader']['steps']} steps)"),
+                     ("distract_reader_accuracy",
+                      f"after its distractor phase "
+                      f"({stages.get('distract_reader', {}).get('steps')} steps)")):
     if key in stages:
       a = stages[key]
       cells = [interval_text(**a[b][u]) for b in ("null", "own_block") for u in ("token", "span")]
@@ -799,6 +803,15 @@ def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
       "Masked-span accuracy of the MLM reader", os.path.join(work, "mlm_reader_accuracy.json"),
       lambda: text_realm.masked_span_accuracy(work, os.path.join(work, text_realm.READER_DIR),
                                               budget))
+  if budget.distractor_steps:
+    out["distract_reader"] = once(
+        "MLM reader, distractor phase", os.path.join(work, "mlm_reader_distract_done.json"),
+        lambda: text_realm.train_distractor_phase(clock, work, vocab_file, budget, seed))
+    out["distract_reader_accuracy"] = once(
+        "Masked-span accuracy after the distractor phase",
+        os.path.join(work, "mlm_reader_distract_accuracy.json"),
+        lambda: text_realm.masked_span_accuracy(
+            work, os.path.join(work, text_realm.DISTRACT_DIR), budget))
   for s in seeds:
     done = os.path.join(work, f"realm_{s}_done.json")
     recorded = read_json(done)["budget"] if os.path.exists(done) else budget.per_run()
@@ -930,6 +943,11 @@ def define_flags() -> None:
                              "each sentence.",
       "reading_validations": "Reading warm start: validations on held-out sentences (and "
                              "checkpoints, so resumable points).",
+      "distractor_steps": "The reading warm start's distractor phase after it (as the "
+                          "demo's reader): steps (0: none; REALM then starts from the reading "
+                          "warm start's reader).",
+      "distractor_blocks": "Distractor phase: close blocks without the answer read beside "
+                           "each sentence.",
       "realm_reader_seq_length": "REALM: reader input, query + block body (the paper: 384).",
       "realm_block_seq_length": "REALM: block length of the towers in training and in the "
                                 "refresher's index (the test embeds blocks at "
@@ -937,6 +955,8 @@ def define_flags() -> None:
       "realm_steps": "REALM pre-training steps (the paper: 200k).",
       "realm_batch_size": "REALM: masked sentences per step (the paper: 512).",
       "realm_learning_rate": "REALM: peak learning rate (the paper: 3e-5).",
+      "realm_lr_retriever": "REALM: the towers' learning rate over the reader's "
+                            "(task.lr_retriever; the paper: 1, one rate).",
       "num_candidates": "REALM: blocks read per sentence, the null block among them (the "
                         "paper: 8).",
       "refresh_every": "REALM: checkpoint interval, so the refresher's cadence.",

@@ -17,7 +17,11 @@ JSON-able summary that ``Clock.once`` keeps in its done file.
 * :func:`train_reader`: the reading warm start (``tasks/reader_read.py``) of that reader on
   the training sentences of this corpus: each
   sentence read beside the null block, the lexically closest other block that holds its answer,
-  and ``reading_distractors`` close blocks that do not. Restored strictly.
+  and ``reading_distractors`` close blocks that do not. Restored strictly. Then, with
+  ``distractor_steps``, its distractor phase (as the demo's ``stages.reader_stages``): the
+  same task from that reader with ``distractor_blocks`` close blocks without the answer beside
+  each sentence, so that a retrieved block without the answer stops costing the reader
+  (``mlm_reader_distract/``, REALM's reader then).
 * :func:`masked_span_accuracy`: a reader's accuracy on held-out masked sentences, reading the
   null block or the sentence's own block (the trivial retrieval REALM forbids: the ceiling).
 * :func:`pretrain_realm`: ``realm-train`` (``realm_pretrain_cpu`` with
@@ -54,6 +58,7 @@ from realm_tf.tokenization import RealmTokenizer
 PRETRAIN_DIR = "pretrain"
 MLM_DIR = "minilm_mlm"
 READER_DIR = "mlm_reader"
+DISTRACT_DIR = "mlm_reader_distract"
 VALIDATION_BATCH = 16
 
 
@@ -79,11 +84,14 @@ class RealmBudget:
   reading_learning_rate: float = 2e-4
   reading_distractors: int = 0        # 1 from the first step kept the reader from reading
   reading_validations: int = 3         # validations (and checkpoints) of the reading warm start
+  distractor_steps: int = 300          # the distractor phase after it (0: none)
+  distractor_blocks: int = 2           # close blocks without the answer beside each sentence
   realm_reader_seq_length: int = 192   # reader input: query + block body, in wordpieces
   realm_block_seq_length: int = 128    # blocks as the towers embed them in training and index
   realm_steps: int = 400
   realm_batch_size: int = 4
   realm_learning_rate: float = 3e-5
+  realm_lr_retriever: float = 1.0      # the towers' rate over the reader's (task.lr_retriever)
   num_candidates: int = 8
   refresh_every: int = 100             # checkpoints, and so index refreshes
   validate_every: int = 100
@@ -97,7 +105,8 @@ class RealmBudget:
             "mlm_batch_size", "mlm_seq_length", "mlm_learning_rate", "mlm_validations",
             "reading_steps",
             "reading_batch_size", "reading_learning_rate", "reading_distractors",
-            "reading_validations", "realm_reader_seq_length", "accuracy_sentences")
+            "reading_validations", "distractor_steps", "distractor_blocks",
+            "realm_reader_seq_length", "accuracy_sentences")
 
   def shared(self) -> Dict:
     return {k: getattr(self, k) for k in self.SHARED}
@@ -109,8 +118,12 @@ class RealmBudget:
   def check(self) -> None:
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      if value < 0 or (value == 0 and field.name not in ("reading_distractors", "mlm_steps")):
+      if value < 0 or (value == 0 and field.name not in (
+          "reading_distractors", "mlm_steps", "distractor_steps", "distractor_blocks")):
         raise ts.RealTextError(f"--{field.name}={value}: must be positive")
+    if self.distractor_steps and not self.distractor_blocks:
+      raise ts.RealTextError(f"--distractor_steps={self.distractor_steps} needs "
+                             "--distractor_blocks of 1 or more")
     if not self.held_out_fraction < 1:
       raise ts.RealTextError(f"--held_out_fraction={self.held_out_fraction}: must be below 1")
     if self.realm_query_seq_length >= self.realm_reader_seq_length:
@@ -199,18 +212,25 @@ def _train_and_validate(clock: Clock, stage: str, params, model_dir: str, seed: 
                          for k, values in curves.items()}}
 
 
-def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
+def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
+                   distractor_phase: bool = False):
   """The reading warm start (``reader_read_cpu``) of ``minilm_mlm/`` (``minilm_reader_model/``
   when ``mlm_steps`` is 0) on this corpus's
   training sentences and blocks, validated ``reading_validations`` times (a checkpoint each:
   the stage resumes from the last) on ``validation_sentences`` held-out sentences, read as in
-  training: its curve of ``mlm_accuracy`` and ``reading_gain``."""
+  training: its curve of ``mlm_accuracy`` and ``reading_gain``. ``distractor_phase``: its
+  second phase instead, from ``mlm_reader/``, ``distractor_steps`` steps with
+  ``distractor_blocks`` distractors (the same rate, batch and validations)."""
+  if distractor_phase:
+    start, steps, distractors = READER_DIR, budget.distractor_steps, budget.distractor_blocks
+  else:
+    start = MLM_DIR if budget.mlm_steps else "minilm_reader_model"
+    steps, distractors = budget.reading_steps, budget.reading_distractors
   return stages.experiment_params(
       "reader_read_cpu", [os.path.join(stages.CONFIG_DIR, "reader_read_cpu__real_text.yaml"),
                           model_yaml(work)], dict(stages.towers(vocab_file), **shapes(budget), **{
-          "task.init_checkpoint": os.path.join(
-              work, MLM_DIR if budget.mlm_steps else "minilm_reader_model"),
-          "task.distractors": budget.reading_distractors,
+          "task.init_checkpoint": os.path.join(work, start),
+          "task.distractors": distractors,
           "task.train_data.input_path": [examples_pattern(work, "train")],
           "task.train_data.blocks_dir": [os.path.join(work, "blocks")],
           "task.train_data.global_batch_size": budget.reading_batch_size,
@@ -220,7 +240,7 @@ def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int):
           "task.validation_data.global_batch_size": VALIDATION_BATCH,
           "trainer.validation_steps": max(1, budget.validation_sentences // VALIDATION_BATCH),
           f"{ts.LEARNING_RATE}.initial_learning_rate": budget.reading_learning_rate,
-      }, **ts.train_lengths(budget.reading_steps, budget.reading_validations)))
+      }, **ts.train_lengths(steps, budget.reading_validations)))
 
 
 def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
@@ -231,6 +251,22 @@ def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
                              reading_params(work, vocab_file, budget, seed),
                              os.path.join(work, name), seed, budget.reading_steps,
                              "reading warm start of the MiniLM reader")
+
+
+def train_distractor_phase(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
+                           seed: int) -> Dict:
+  """The reading warm start's distractor phase (``reading_params(distractor_phase=True)``)
+  into ``mlm_reader_distract/``."""
+  return _train_and_validate(clock, "MLM reader, distractor phase",
+                             reading_params(work, vocab_file, budget, seed,
+                                            distractor_phase=True),
+                             os.path.join(work, DISTRACT_DIR), seed, budget.distractor_steps,
+                             "distractor phase of the MiniLM reader")
+
+
+def realm_reader_dir(budget: RealmBudget) -> str:
+  """The reader REALM starts from: the distractor phase's, else the reading warm start's."""
+  return DISTRACT_DIR if budget.distractor_steps else READER_DIR
 
 
 def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,
@@ -299,7 +335,8 @@ def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
       "task.validation_data.blocks_dir": blocks,
       "task.index_dir": model_dir + "_index",
       "task.retriever_init_checkpoint": os.path.join(work, "ict_model"),
-      "task.reader_init_checkpoint": os.path.join(work, READER_DIR),
+      "task.reader_init_checkpoint": os.path.join(work, realm_reader_dir(budget)),
+      "task.lr_retriever": budget.realm_lr_retriever,
       "task.qa_eval_path": dev_file,
       "trainer.validation_steps": max(1, budget.validation_sentences // VALIDATION_BATCH),
       "task.validation_data.global_batch_size": VALIDATION_BATCH,

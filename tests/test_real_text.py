@@ -445,7 +445,8 @@ TINY_REALM = real_text.RealmBudget(
     mlm_seq_length=32, mlm_validations=1, reading_steps=2, reading_batch_size=4,
     realm_reader_seq_length=64, realm_block_seq_length=48, realm_steps=2, realm_batch_size=2,
     num_candidates=3, refresh_every=1, validate_every=2, validation_sentences=16,
-    qa_dev_questions=4, accuracy_sentences=12)
+    qa_dev_questions=4, accuracy_sentences=12, distractor_steps=2, distractor_blocks=1,
+    realm_lr_retriever=2.0)
 
 
 @pytest.mark.slow
@@ -469,7 +470,8 @@ def test_tiny_run_realm(tmp_path):
   data = stages["pretrain_data"]
   assert data["train_examples"] > 0 and data["eval_examples"] > 0
   assert sum(data["spans_by_label"].values()) == data["spans"]
-  for name in ("reader_start_accuracy", "reader_mlm_accuracy", "mlm_reader_accuracy"):
+  for name in ("reader_start_accuracy", "reader_mlm_accuracy", "mlm_reader_accuracy",
+               "distract_reader_accuracy"):
     assert 0 < stages[name]["sentences"] <= TINY_REALM.accuracy_sentences
   assert [s for s, _ in stages["reader_mlm"]["validation"]["mlm_accuracy"]] == [2]
   # The accuracy against the reader run here on inputs built by hand: [CLS] query [SEP] and,
@@ -508,6 +510,15 @@ def test_tiny_run_realm(tmp_path):
     assert got[name]["span"]["value"] == pytest.approx(np.mean([r.all() for r in rows]))
   assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(
       os.path.join(work, "mlm_reader"))) == 2
+  # The distractor phase starts from the reading warm start's reader, and REALM from it, its
+  # towers at the budget's rate over the reader's.
+  distract = stages["distract_reader"]
+  assert distract["model_dir"].endswith(text_realm.DISTRACT_DIR) and distract["steps"] == 2
+  phase = text_realm.reading_params(work, str(assets.BERT_VOCAB), TINY_REALM, 0, True)
+  assert phase.task.init_checkpoint == reader_dir and phase.task.distractors == 1
+  realm_yaml = yaml.safe_load(open(os.path.join(work, "realm_0.yaml"), encoding="utf-8"))
+  assert realm_yaml["task"]["reader_init_checkpoint"] == distract["model_dir"]
+  assert realm_yaml["task"]["lr_retriever"] == 2.0
   realm = stages["realm_0_train"]
   assert realm["indexes_built"] >= 1
   assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(realm["model_dir"])) == 2

@@ -3,6 +3,7 @@ corpus's text alone, and the pre-registered analysis on constructed records."""
 
 import collections
 import csv
+import dataclasses
 import glob
 import gzip
 import json
@@ -173,3 +174,34 @@ def test_the_analysis_reads_the_committed_records(tmp_path):
          text_realm.BM25: ranks["bm25"]},
         {text_realm.ORQA: em["orqa"], text_realm.REALM: em[f"realm_{seed}_openqa"],
          text_realm.MIXED: em[f"realm_{seed}_mixed"]})
+
+
+def test_the_distractor_phase_feeds_realm(tmp_path, monkeypatch):
+  """With ``distractor_steps`` the reader's second phase starts from the reading warm start's
+  reader with ``distractor_blocks`` distractors, and REALM starts from it, its towers at
+  ``realm_lr_retriever`` times the reader's rate; without it REALM starts from the reading
+  warm start's reader. A phase without distractors is refused."""
+  empty = tmp_path / "encoder.yaml"
+  empty.write_text("{}\n")
+  monkeypatch.setattr(text_realm, "model_yaml", lambda work: str(empty))
+  work, vocab = str(tmp_path), str(assets.BERT_VOCAB)
+  budget = text_realm.RealmBudget(distractor_steps=7, distractor_blocks=3,
+                                  realm_lr_retriever=2.5)
+  budget.check()
+  first = text_realm.reading_params(work, vocab, budget, 0)
+  phase = text_realm.reading_params(work, vocab, budget, 0, distractor_phase=True)
+  assert first.task.init_checkpoint == os.path.join(work, text_realm.MLM_DIR)
+  assert first.task.distractors == budget.reading_distractors == 0
+  assert phase.task.init_checkpoint == os.path.join(work, text_realm.READER_DIR)
+  assert phase.task.distractors == 3 and phase.trainer.train_steps == 7
+  assert phase.trainer.optimizer_config.learning_rate.polynomial.initial_learning_rate == (
+      budget.reading_learning_rate)
+  realm = text_realm.realm_params(work, vocab, budget, 0, "dev.jsonl")
+  assert realm.task.reader_init_checkpoint == os.path.join(work, text_realm.DISTRACT_DIR)
+  assert realm.task.lr_retriever == 2.5
+  without = dataclasses.replace(budget, distractor_steps=0)
+  without.check()
+  assert text_realm.realm_params(work, vocab, without, 0, "dev.jsonl").task.\
+      reader_init_checkpoint == os.path.join(work, text_realm.READER_DIR)
+  with pytest.raises(ts.RealTextError, match="--distractor_blocks"):
+    dataclasses.replace(budget, distractor_blocks=0).check()
