@@ -503,7 +503,7 @@ def first_last(curve: Sequence) -> str:
   return f"{curve[0][1]:.3f} -> {curve[-1][1]:.3f} (step {curve[-1][0]})"
 
 
-CURVE_TAGS = ("recall@5", "qa_recall@5", "retrieval_utility")
+CURVE_TAGS = ("held_out_recall@5", "qa_recall@5", "retrieval_utility")
 
 
 def plot_realm_curves(path: str, runs: Dict[int, Dict]) -> str:
@@ -512,12 +512,15 @@ def plot_realm_curves(path: str, runs: Dict[int, Dict]) -> str:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  titles = {"recall@5": "held-out sentences: recall@5", "qa_recall@5": "dev questions: recall@5",
+  titles = {"held_out_recall@5": "held-out sentences: recall@5",
+            "qa_recall@5": "dev questions: recall@5",
             "retrieval_utility": "held-out sentences: retrieval utility (nats)"}
   fig, axes = plt.subplots(1, len(CURVE_TAGS), figsize=(4.5 * len(CURVE_TAGS), 3.6))
   for ax, tag in zip(axes, CURVE_TAGS):
     for seed, run in sorted(runs.items()):
       curve = run["validation"].get(tag, [])
+      if not curve and tag == "held_out_recall@5":   # a run from before it: the pass's batches
+        curve = run["validation"].get("recall@5", [])
       if curve:
         ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", label=f"seed {seed}")
     ax.set_title(titles[tag], fontsize=10)
@@ -565,8 +568,9 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
       lines.append(f"| {label} | {a['sentences']} | {' | '.join(cells)} |")
   seeds = sorted(int(k.split("_")[1]) for k in stages if re.fullmatch(r"realm_\d+_train", k))
   if seeds:
-    lines += ["", "REALM pre-training (validation: held-out sentences' recall@5 and retrieval "
-              "utility, dev questions' zero-shot recall@5; first -> last):", "",
+    lines += ["", "REALM pre-training (validation: held-out sentences' recall@5 over all of "
+              "them, retrieval utility over a pass's sentences, dev questions' zero-shot "
+              "recall@5; first -> last):", "",
               "| seed | steps | minutes | indexes built | mean index age | held-out recall@5 | "
               "retrieval utility | dev recall@5 |", "|---|---|---|---|---|---|---|---|"]
     for seed in seeds:
@@ -575,7 +579,7 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
       age = r["index_age"]["mean"]
       lines.append(f"| {seed} | {r['steps']} | {r['seconds'] / 60:.1f} | {r['indexes_built']} | "
                    f"{'-' if age is None else f'{age:.1f}'} | "
-                   f"{first_last(v.get('recall@5', []))} | "
+                   f"{first_last(v.get('held_out_recall@5', v.get('recall@5', [])))} | "
                    f"{first_last(v.get('retrieval_utility', []))} | "
                    f"{first_last(v.get('qa_recall@5', []))} |")
     plot = plot_realm_curves(os.path.join(results, REALM_NAME + ".png"),
@@ -770,12 +774,27 @@ def run_experiment(output_dir: str, squad_file: str = str(assets.SQUAD_DEV),
   return stages
 
 
+def check_seed_budget(done: str, seed: int, budget: RealmBudget) -> None:
+  """Refuses to reuse REALM seed ``seed``'s run (its done file ``done``) made with other
+  per-run settings than ``budget``'s; a field added since it ran was then at its default."""
+  if not os.path.exists(done):
+    return
+  recorded = dict(dataclasses.asdict(RealmBudget()), **read_json(done)["budget"])
+  recorded = {k: recorded[k] for k in budget.per_run()}
+  if recorded != budget.per_run():
+    changed = sorted(k for k, v in budget.per_run().items() if recorded[k] != v)
+    raise RealTextError(f"{done}: REALM seed {seed} ran with "
+                        f"{ {k: recorded[k] for k in changed} }, not "
+                        f"{ {k: budget.per_run()[k] for k in changed} }; use another seed, or "
+                        f"delete it and realm_{seed}/ to run it again")
+
+
 def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
               budget: RealmBudget, max_questions: int, batch_size: int,
               block_seq_length: int, seed: int, test: bool = True) -> Dict[str, Dict]:
   """REALM's stages (``experiments/text_realm.py``): the pre-training sentences, the MiniLM
-  reader's masked LM (``mlm_steps``) and reading warm start, each with its masked-span
-  accuracy, then for each pre-training seed
+  reader's masked LM (``mlm_steps``), reading warm start and distractor phase
+  (``distractor_steps``), each with its masked-span accuracy, then for each pre-training seed
   REALM beside its refresher and (``test``) its tower's test recall. Dev runs pass
   ``test=False``: their choices see dev questions and held-out sentences only."""
   once, out = clock.once, {}
@@ -814,11 +833,7 @@ def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
             work, os.path.join(work, text_realm.DISTRACT_DIR), budget))
   for s in seeds:
     done = os.path.join(work, f"realm_{s}_done.json")
-    recorded = read_json(done)["budget"] if os.path.exists(done) else budget.per_run()
-    if recorded != budget.per_run():
-      raise RealTextError(f"{done}: REALM seed {s} ran with {recorded}, not "
-                          f"{budget.per_run()}; use another seed, or delete it and "
-                          f"realm_{s}/ to run it again")
+    check_seed_budget(done, s, budget)
     out[f"realm_{s}_train"] = once(
         f"REALM pre-training, seed {s}", done,
         lambda s=s: text_realm.pretrain_realm(clock, work, vocab_file, budget, s))

@@ -205,3 +205,23 @@ def test_the_distractor_phase_feeds_realm(tmp_path, monkeypatch):
       reader_init_checkpoint == os.path.join(work, text_realm.READER_DIR)
   with pytest.raises(ts.RealTextError, match="--distractor_blocks"):
     dataclasses.replace(budget, distractor_blocks=0).check()
+
+
+def test_a_seed_run_with_other_settings_is_not_reused(tmp_path):
+  """A REALM seed's done file is reused only with the same per-run settings; one written
+  before a field existed counts as that field's default."""
+  # pylint: disable=g-import-not-at-top
+  from experiments import real_text
+  # pylint: enable=g-import-not-at-top
+  budget = text_realm.RealmBudget()
+  done = tmp_path / "realm_0_done.json"
+  real_text.check_seed_budget(str(done), 0, budget)            # nothing yet: nothing to check
+  old = {k: v for k, v in budget.per_run().items() if k != "realm_lr_retriever"}
+  done.write_text(json.dumps({"budget": old}))
+  real_text.check_seed_budget(str(done), 0, budget)
+  with pytest.raises(ts.RealTextError, match=r"realm_lr_retriever.*1\.0.*3\.0"):
+    real_text.check_seed_budget(str(done), 0,
+                                dataclasses.replace(budget, realm_lr_retriever=3.0))
+  done.write_text(json.dumps({"budget": dict(old, realm_steps=7)}))
+  with pytest.raises(ts.RealTextError, match="realm_steps"):
+    real_text.check_seed_budget(str(done), 0, budget)
