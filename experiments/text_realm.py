@@ -322,9 +322,8 @@ def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
   """REALM pre-training (``realm_pretrain_cpu`` + ``realm_pretrain_cpu__real_text.yaml``):
   the ICT tower for both towers, the reader of ``realm_reader_dir`` (the distractor phase's,
   else the reading warm start's), the towers' rate ``realm_lr_retriever`` times the reader's,
-  this corpus's training
-  sentences, the refresher's index, validation on held-out sentences and ``dev_file``'s
-  questions. ``more``: settings applied last (a dev variant)."""
+  this corpus's training sentences, the refresher's index, validation on held-out sentences
+  and ``dev_file``'s questions. ``more``: settings applied last (a dev variant)."""
   model_dir = realm_dir(work, seed)
   blocks = os.path.join(work, "blocks")
   settings = dict(stages.towers(vocab_file), **shapes(budget), **{
