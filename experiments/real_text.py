@@ -70,7 +70,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from absl import flags
 import numpy as np
@@ -506,6 +506,15 @@ def first_last(curve: Sequence) -> str:
 CURVE_TAGS = ("held_out_recall@5", "qa_recall@5", "retrieval_utility")
 
 
+def validation_curve(run: Dict, tag: str) -> List:
+  """A REALM run's validation curve of ``tag``; for ``held_out_recall@5`` in a run from before
+  it, the pass's ``recall@5``."""
+  curve = run["validation"].get(tag, [])
+  if not curve and tag == "held_out_recall@5":
+    curve = run["validation"].get("recall@5", [])
+  return curve
+
+
 def plot_realm_curves(path: str, runs: Dict[int, Dict]) -> str:
   """Each REALM seed's validation curves (``CURVE_TAGS``, one panel each) over its steps."""
   # Inside: matplotlib's backend is chosen before pyplot is imported, and only for the plot.
@@ -518,9 +527,7 @@ def plot_realm_curves(path: str, runs: Dict[int, Dict]) -> str:
   fig, axes = plt.subplots(1, len(CURVE_TAGS), figsize=(4.5 * len(CURVE_TAGS), 3.6))
   for ax, tag in zip(axes, CURVE_TAGS):
     for seed, run in sorted(runs.items()):
-      curve = run["validation"].get(tag, [])
-      if not curve and tag == "held_out_recall@5":   # a run from before it: the pass's batches
-        curve = run["validation"].get("recall@5", [])
+      curve = validation_curve(run, tag)
       if curve:
         ax.plot([s for s, _ in curve], [v for _, v in curve], marker="o", label=f"seed {seed}")
     ax.set_title(titles[tag], fontsize=10)
@@ -575,13 +582,12 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
               "retrieval utility | dev recall@5 |", "|---|---|---|---|---|---|---|---|"]
     for seed in seeds:
       r = stages[f"realm_{seed}_train"]
-      v = r["validation"]
       age = r["index_age"]["mean"]
       lines.append(f"| {seed} | {r['steps']} | {r['seconds'] / 60:.1f} | {r['indexes_built']} | "
                    f"{'-' if age is None else f'{age:.1f}'} | "
-                   f"{first_last(v.get('held_out_recall@5', v.get('recall@5', [])))} | "
-                   f"{first_last(v.get('retrieval_utility', []))} | "
-                   f"{first_last(v.get('qa_recall@5', []))} |")
+                   f"{first_last(validation_curve(r, 'held_out_recall@5'))} | "
+                   f"{first_last(validation_curve(r, 'retrieval_utility'))} | "
+                   f"{first_last(validation_curve(r, 'qa_recall@5'))} |")
     plot = plot_realm_curves(os.path.join(results, REALM_NAME + ".png"),
                              {seed: stages[f"realm_{seed}_train"] for seed in seeds})
     lines += ["", f"![curves]({os.path.basename(plot)})"]
@@ -806,31 +812,25 @@ def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
       os.path.join(work, "minilm_reader_accuracy.json"),
       lambda: text_realm.masked_span_accuracy(work, os.path.join(work, "minilm_reader_model"),
                                               budget))
+
+  def reader_phase(key: str, name: str, label: str, train: Callable[[], Dict]) -> None:
+    """A reader phase into ``<name>/`` (``<name>_done.json``), then its masked-span accuracy
+    (``<name>_accuracy.json``), as ``out[key]`` and ``out[key + "_accuracy"]``."""
+    out[key] = once(label, os.path.join(work, f"{name}_done.json"), train)
+    out[f"{key}_accuracy"] = once(
+        f"Masked-span accuracy after {label}", os.path.join(work, f"{name}_accuracy.json"),
+        lambda: text_realm.masked_span_accuracy(work, os.path.join(work, name), budget))
+
   if budget.mlm_steps:
-    out["reader_mlm"] = once(
-        "BERT's masked LM for the MiniLM reader", os.path.join(work, "minilm_mlm_done.json"),
-        lambda: text_realm.train_mlm(clock, work, vocab_file, budget, seed))
-    out["reader_mlm_accuracy"] = once(
-        "Masked-span accuracy after the masked LM",
-        os.path.join(work, "minilm_mlm_accuracy.json"),
-        lambda: text_realm.masked_span_accuracy(work, os.path.join(work, text_realm.MLM_DIR),
-                                                budget))
-  out["mlm_reader"] = once(
-      "MLM reader (reading warm start)", os.path.join(work, "mlm_reader_done.json"),
-      lambda: text_realm.train_reader(clock, work, vocab_file, budget, seed))
-  out["mlm_reader_accuracy"] = once(
-      "Masked-span accuracy of the MLM reader", os.path.join(work, "mlm_reader_accuracy.json"),
-      lambda: text_realm.masked_span_accuracy(work, os.path.join(work, text_realm.READER_DIR),
-                                              budget))
+    reader_phase("reader_mlm", text_realm.MLM_DIR, "BERT's masked LM for the MiniLM reader",
+                 lambda: text_realm.train_mlm(clock, work, vocab_file, budget, seed))
+  reader_phase("mlm_reader", text_realm.READER_DIR, "the MLM reader's reading warm start",
+               lambda: text_realm.train_reader(clock, work, vocab_file, budget, seed))
   if budget.distractor_steps:
-    out["distract_reader"] = once(
-        "MLM reader, distractor phase", os.path.join(work, "mlm_reader_distract_done.json"),
-        lambda: text_realm.train_distractor_phase(clock, work, vocab_file, budget, seed))
-    out["distract_reader_accuracy"] = once(
-        "Masked-span accuracy after the distractor phase",
-        os.path.join(work, "mlm_reader_distract_accuracy.json"),
-        lambda: text_realm.masked_span_accuracy(
-            work, os.path.join(work, text_realm.DISTRACT_DIR), budget))
+    reader_phase("distract_reader", text_realm.DISTRACT_DIR,
+                 "the MLM reader's distractor phase",
+                 lambda: text_realm.train_reader(clock, work, vocab_file, budget, seed,
+                                                 distractor_phase=True))
   for s in seeds:
     done = os.path.join(work, f"realm_{s}_done.json")
     check_seed_budget(done, s, budget)

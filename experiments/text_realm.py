@@ -195,12 +195,13 @@ def train_mlm(clock: Clock, work: str, vocab_file: str, budget: RealmBudget, see
               name: str = MLM_DIR) -> Dict:
   """BERT's masked LM (``mlm_params``) into ``<name>/``; its validation curve."""
   return _train_and_validate(clock, "reader MLM", mlm_params(work, vocab_file, budget, seed),
-                             os.path.join(work, name), seed, budget.mlm_steps,
+                             os.path.join(work, name), seed,
                              "BERT's masked LM for the MiniLM reader")
 
 
 def _train_and_validate(clock: Clock, stage: str, params, model_dir: str, seed: int,
-                        steps: int, label: str) -> Dict:
+                        label: str) -> Dict:
+  steps = params.trainer.train_steps
   start = time.time()
   logs = stages.train(clock, stage, params, model_dir, seed, mode="train_and_eval", label=label)
   seconds = time.time() - start
@@ -244,24 +245,16 @@ def reading_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
 
 
 def train_reader(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
-                 seed: int, name: str = READER_DIR) -> Dict:
-  """The reading warm start (``reading_params``) into ``<name>/`` (a dev variant names its
-  own)."""
-  return _train_and_validate(clock, "MLM reader",
-                             reading_params(work, vocab_file, budget, seed),
-                             os.path.join(work, name), seed, budget.reading_steps,
-                             "reading warm start of the MiniLM reader")
-
-
-def train_distractor_phase(clock: Clock, work: str, vocab_file: str, budget: RealmBudget,
-                           seed: int) -> Dict:
-  """The reading warm start's distractor phase (``reading_params(distractor_phase=True)``)
-  into ``mlm_reader_distract/``."""
-  return _train_and_validate(clock, "MLM reader, distractor phase",
-                             reading_params(work, vocab_file, budget, seed,
-                                            distractor_phase=True),
-                             os.path.join(work, DISTRACT_DIR), seed, budget.distractor_steps,
-                             "distractor phase of the MiniLM reader")
+                 seed: int, name: Optional[str] = None, distractor_phase: bool = False) -> Dict:
+  """The reading warm start (``reading_params``) into ``<name>/`` (default ``mlm_reader/``; a
+  dev variant names its own), or with ``distractor_phase`` its distractor phase (default
+  ``mlm_reader_distract/``)."""
+  params = reading_params(work, vocab_file, budget, seed, distractor_phase)
+  phase = "distractor phase" if distractor_phase else "reading warm start"
+  return _train_and_validate(
+      clock, f"MLM reader, {phase}", params,
+      os.path.join(work, name or (DISTRACT_DIR if distractor_phase else READER_DIR)), seed,
+      f"{phase} of the MiniLM reader")
 
 
 def realm_reader_dir(budget: RealmBudget) -> str:
