@@ -967,7 +967,10 @@ def define_flags() -> None:
       "realm_block_seq_length": "REALM: block length of the towers in training and in the "
                                 "refresher's index (the test embeds blocks at "
                                 "--block_seq_length).",
-      "realm_steps": "REALM pre-training steps (the paper: 200k).",
+      "realm_reader_steps": "REALM: a first phase of this many steps at the one rate, so that "
+                            "the reader learns REALM's own candidates before the towers' rate "
+                            "rises to --realm_lr_retriever (0: one phase; the paper's).",
+      "realm_steps": "REALM pre-training steps (after the first phase; the paper: 200k).",
       "realm_batch_size": "REALM: masked sentences per step (the paper: 512).",
       "realm_learning_rate": "REALM: peak learning rate (the paper: 3e-5).",
       "realm_lr_retriever": "REALM: the towers' learning rate over the reader's "

@@ -88,7 +88,8 @@ class RealmBudget:
   distractor_blocks: int = 2           # close blocks without the answer beside each sentence
   realm_reader_seq_length: int = 192   # reader input: query + block body, in wordpieces
   realm_block_seq_length: int = 128    # blocks as the towers embed them in training and index
-  realm_steps: int = 400
+  realm_reader_steps: int = 0          # a first REALM phase at the one rate (0: none)
+  realm_steps: int = 400               # (after it) REALM at realm_lr_retriever
   realm_batch_size: int = 4
   realm_learning_rate: float = 3e-5
   realm_lr_retriever: float = 1.0      # the towers' rate over the reader's (task.lr_retriever)
@@ -119,7 +120,8 @@ class RealmBudget:
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
       if value < 0 or (value == 0 and field.name not in (
-          "reading_distractors", "mlm_steps", "distractor_steps", "distractor_blocks")):
+          "reading_distractors", "mlm_steps", "distractor_steps", "distractor_blocks",
+          "realm_reader_steps")):
         raise ts.RealTextError(f"--{field.name}={value}: must be positive")
     if self.distractor_steps and not self.distractor_blocks:
       raise ts.RealTextError(f"--distractor_steps={self.distractor_steps} needs "
@@ -306,36 +308,49 @@ def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,
 # ---------------------------------------------------------------------------- pre-training --
 
 
-def realm_dir(work: str, seed: int) -> str:
-  return os.path.join(work, f"realm_{seed}")
+SECOND_PHASE_SEED = 10_000   # the second phase's sentence order: the seed plus this
+
+
+def realm_dir(work: str, seed: int, first: bool = False) -> str:
+  """REALM seed ``seed``'s model directory; ``first``: its first phase's (two phases)."""
+  return os.path.join(work, f"realm_{seed}" + ("_first" if first else ""))
 
 
 def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
-                 dev_file: str, more: Optional[stages.Settings] = None):
+                 dev_file: str, more: Optional[stages.Settings] = None, first: bool = False):
   """REALM pre-training (``realm_pretrain_cpu`` + ``realm_pretrain_cpu__real_text.yaml``):
   the ICT tower for both towers, the reader of ``realm_reader_dir`` (the distractor phase's,
   else the reading warm start's), the towers' rate ``realm_lr_retriever`` times the reader's,
   this corpus's training sentences, the refresher's index, validation on held-out sentences
-  and ``dev_file``'s questions. ``more``: settings applied last (a dev variant)."""
-  model_dir = realm_dir(work, seed)
+  and ``dev_file``'s questions. ``more``: settings applied last (a dev variant).
+
+  With ``realm_reader_steps``, two phases (Atlas's order: the reader first learns the
+  retriever's own candidates, then the retriever goes faster): ``first``, that many steps at
+  the one rate into ``realm_<seed>_first/``; then ``realm_steps`` with the towers at
+  ``realm_lr_retriever``, towers and reader from the first phase, over a fresh sentence order
+  (``SECOND_PHASE_SEED``)."""
+  second = bool(budget.realm_reader_steps) and not first
+  start = realm_dir(work, seed, first=True) if second else None
   blocks = os.path.join(work, "blocks")
+  model_dir = realm_dir(work, seed, first)
   settings = dict(stages.towers(vocab_file), **shapes(budget), **{
       "task.model.num_candidates": budget.num_candidates,
       "task.train_data.input_path": examples_pattern(work, "train"),
       "task.train_data.blocks_dir": blocks,
       "task.train_data.global_batch_size": budget.realm_batch_size,
-      "task.train_data.seed": seed,
+      "task.train_data.seed": seed + SECOND_PHASE_SEED if second else seed,
       "task.validation_data.input_path": examples_pattern(work, "eval"),
       "task.validation_data.blocks_dir": blocks,
       "task.index_dir": model_dir + "_index",
-      "task.retriever_init_checkpoint": os.path.join(work, "ict_model"),
-      "task.reader_init_checkpoint": os.path.join(work, realm_reader_dir(budget)),
-      "task.lr_retriever": budget.realm_lr_retriever,
+      "task.retriever_init_checkpoint": start or os.path.join(work, "ict_model"),
+      "task.reader_init_checkpoint": start or os.path.join(work, realm_reader_dir(budget)),
+      "task.lr_retriever": 1.0 if first else budget.realm_lr_retriever,
       "task.qa_eval_path": dev_file,
       "trainer.validation_steps": max(1, budget.validation_sentences // VALIDATION_BATCH),
       "task.validation_data.global_batch_size": VALIDATION_BATCH,
   }, **stages.intervals(budget.refresh_every, budget.validate_every),
-                  **stages.schedule(budget.realm_steps, budget.realm_learning_rate))
+                  **stages.schedule(budget.realm_reader_steps if first else budget.realm_steps,
+                                    budget.realm_learning_rate))
   settings.update(more or {})
   return stages.experiment_params(
       "realm_pretrain_cpu", [os.path.join(stages.CONFIG_DIR,
@@ -345,24 +360,48 @@ def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
 
 def pretrain_realm(clock: Clock, work: str, vocab_file: str, budget: RealmBudget, seed: int,
                    more: Optional[stages.Settings] = None) -> Dict:
-  """REALM pre-training into ``realm_<seed>/`` beside its refresher (``realm_<seed>_index/``);
-  validation curves from its summaries."""
+  """REALM pre-training into ``realm_<seed>/`` beside its refresher (``realm_<seed>_index/``),
+  after its first phase (``realm_<seed>_first/``, a finished one not rerun) when
+  ``realm_reader_steps``; validation curves from the summaries, over both phases' steps."""
   dev_file, _ = ts.qa_subset(work, "dev", budget.qa_dev_questions, 0, name="realm")
-  model_dir = realm_dir(work, seed)
-  params = realm_params(work, vocab_file, budget, seed, dev_file, more)
-  start = time.time()
-  stages.run_side_by_side(clock, f"REALM seed {seed}", stages.realm_jobs(
-      model_dir, params, os.path.join(work, "blocks"), min_interval=budget.refresh_every,
-      validate=True))
-  seconds = time.time() - start
-  curves = model_dir_lib.read_summaries(model_dir, "validation")
-  return {"model_dir": model_dir, "seed": seed, "steps": budget.realm_steps,
-          "budget": budget.per_run(),
-          "seconds": round(seconds, 1), "dev_file": dev_file,
-          "indexes_built": stages.indexes_built(model_dir),
-          "index_age": stages.index_ages(model_dir),
-          "validation": {k: [[int(s), round(float(v), 4)] for s, v in values]
-                         for k, values in curves.items()}}
+  runs = []
+  for first in ([True, False] if budget.realm_reader_steps else [False]):
+    model_dir = realm_dir(work, seed, first)
+    params = realm_params(work, vocab_file, budget, seed, dev_file, more, first)
+    start = time.time()
+    stages.run_side_by_side(clock, f"REALM seed {seed}", stages.realm_jobs(
+        model_dir, params, os.path.join(work, "blocks"), min_interval=budget.refresh_every,
+        validate=True))
+    runs.append({"model_dir": model_dir, "steps": params.trainer.train_steps,
+                 "seconds": round(time.time() - start, 1),
+                 "indexes_built": stages.indexes_built(model_dir),
+                 "index_age": stages.index_ages(model_dir),
+                 "curves": model_dir_lib.read_summaries(model_dir, "validation")})
+  return dict(join_phases(runs), seed=seed, budget=budget.per_run(), dev_file=dev_file)
+
+
+def join_phases(runs: List[Dict]) -> Dict:
+  """REALM's phases (each ``model_dir``, ``steps``, ``seconds``, ``indexes_built``,
+  ``index_age``, validation ``curves``) as one run: the later phase's steps after the earlier
+  one's; where both validated the same model (the first's end, the second's start), the first's
+  pass counts."""
+  validation, ages, offset = {}, [], 0
+  for run in runs:
+    for tag, values in run["curves"].items():
+      points = validation.setdefault(tag, {})
+      for step, value in values:
+        points.setdefault(int(step) + offset, round(float(value), 4))
+    ages += [(int(step) + offset, value) for step, value in run["index_age"]["by_interval"]]
+    offset += run["steps"]
+  values = [v for _, v in ages]
+  return {"model_dir": runs[-1]["model_dir"], "steps": offset,
+          "seconds": round(sum(r["seconds"] for r in runs), 1),
+          "indexes_built": sum(r["indexes_built"] for r in runs),
+          "index_age": dict(by_interval=ages, mean=sum(values) / len(values) if values else None,
+                            max=max(values) if values else None),
+          "phases": [{k: r[k] for k in ("model_dir", "steps", "seconds")} for r in runs],
+          "validation": {tag: [[s, v] for s, v in sorted(points.items())]
+                         for tag, points in validation.items()}}
 
 
 # ---------------------------------------------------------------------------- the analysis --

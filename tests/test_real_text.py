@@ -446,7 +446,7 @@ TINY_REALM = real_text.RealmBudget(
     realm_reader_seq_length=64, realm_block_seq_length=48, realm_steps=2, realm_batch_size=2,
     num_candidates=3, refresh_every=1, validate_every=2, validation_sentences=16,
     qa_dev_questions=4, accuracy_sentences=12, distractor_steps=2, distractor_blocks=1,
-    realm_lr_retriever=2.0)
+    realm_lr_retriever=2.0, realm_reader_steps=1)
 
 
 @pytest.mark.slow
@@ -510,18 +510,24 @@ def test_tiny_run_realm(tmp_path):
     assert got[name]["span"]["value"] == pytest.approx(np.mean([r.all() for r in rows]))
   assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(
       os.path.join(work, "mlm_reader"))) == 2
-  # The distractor phase starts from the reading warm start's reader, and REALM from it, its
-  # towers at the budget's rate over the reader's.
+  # The distractor phase starts from the reading warm start's reader, and REALM's first phase
+  # from it at the one rate; the second from the first, its towers at the budget's rate.
   distract = stages["distract_reader"]
   assert distract["model_dir"].endswith(text_realm.DISTRACT_DIR) and distract["steps"] == 2
   phase = text_realm.reading_params(work, str(assets.BERT_VOCAB), TINY_REALM, 0, True)
   assert phase.task.init_checkpoint == reader_dir and phase.task.distractors == 1
-  realm_yaml = yaml.safe_load(open(os.path.join(work, "realm_0.yaml"), encoding="utf-8"))
-  assert realm_yaml["task"]["reader_init_checkpoint"] == distract["model_dir"]
-  assert realm_yaml["task"]["lr_retriever"] == 2.0
+  def realm_yaml(name):
+    return yaml.safe_load(open(os.path.join(work, name + ".yaml"), encoding="utf-8"))["task"]
+  first, second = realm_yaml("realm_0_first"), realm_yaml("realm_0")
+  assert first["reader_init_checkpoint"] == distract["model_dir"]
+  assert first["lr_retriever"] == 1.0 and second["lr_retriever"] == 2.0
+  assert second["reader_init_checkpoint"] == second["retriever_init_checkpoint"] == (
+      os.path.join(work, "realm_0_first"))
   realm = stages["realm_0_train"]
-  assert realm["indexes_built"] >= 1
+  assert realm["steps"] == 3 and [p["steps"] for p in realm["phases"]] == [1, 2]
+  assert realm["indexes_built"] >= 2
   assert model_dir_lib.checkpoint_step(model_dir_lib.latest_checkpoint(realm["model_dir"])) == 2
+  assert [s for s, _ in realm["validation"]["held_out_recall@5"]] == [0, 1, 3]
   assert {"qa_recall@5", "recall@5", "held_out_recall@5"} <= set(realm["validation"])
   row = stages["realm_0"]
   assert 0 <= row["recall@5"] <= row["recall@20"] <= 1

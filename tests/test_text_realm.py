@@ -207,6 +207,53 @@ def test_the_distractor_phase_feeds_realm(tmp_path, monkeypatch):
     dataclasses.replace(budget, distractor_blocks=0).check()
 
 
+def test_two_realm_phases(tmp_path, monkeypatch):
+  """With ``realm_reader_steps`` REALM's first phase runs that many steps at the one rate from
+  the ICT tower and the reader's start into ``realm_<seed>_first/``; the second starts towers
+  and reader from it, for ``realm_steps`` at ``realm_lr_retriever``, over another sentence
+  order. Without it, one phase from the ICT tower."""
+  empty = tmp_path / "encoder.yaml"
+  empty.write_text("{}\n")
+  monkeypatch.setattr(text_realm, "model_yaml", lambda work: str(empty))
+  work, vocab = str(tmp_path), str(assets.BERT_VOCAB)
+  budget = text_realm.RealmBudget(realm_reader_steps=30, realm_steps=20, realm_lr_retriever=3.0)
+  budget.check()
+  first = text_realm.realm_params(work, vocab, budget, 5, "dev.jsonl", first=True)
+  second = text_realm.realm_params(work, vocab, budget, 5, "dev.jsonl")
+  assert first.trainer.train_steps == 30 and first.task.lr_retriever == 1.0
+  assert first.task.retriever_init_checkpoint == os.path.join(work, "ict_model")
+  assert first.task.reader_init_checkpoint == os.path.join(work, text_realm.DISTRACT_DIR)
+  assert first.task.index_dir == os.path.join(work, "realm_5_first_index")
+  assert second.trainer.train_steps == 20 and second.task.lr_retriever == 3.0
+  assert second.task.retriever_init_checkpoint == second.task.reader_init_checkpoint == (
+      os.path.join(work, "realm_5_first"))
+  assert second.task.index_dir == os.path.join(work, "realm_5_index")
+  assert first.task.train_data.seed == 5 != second.task.train_data.seed
+  one = text_realm.realm_params(work, vocab, dataclasses.replace(budget, realm_reader_steps=0),
+                                5, "dev.jsonl")
+  assert one.task.retriever_init_checkpoint == os.path.join(work, "ict_model")
+  assert one.trainer.train_steps == 20 and one.task.train_data.seed == 5
+
+
+def test_phases_join_into_one_run():
+  """Two phases' curves as one: the second's steps after the first's, the first's pass where
+  both validated the same model; index ages likewise; steps, seconds and indexes summed."""
+  def phase(name, steps, curve, ages):
+    return {"model_dir": name, "steps": steps, "seconds": 60.0, "indexes_built": 2,
+            "index_age": {"by_interval": ages}, "curves": {"recall@5": curve}}
+  run = text_realm.join_phases([
+      phase("a", 300, [(0, 0.25), (300, 0.26)], [(100, 50.0), (300, 70.0)]),
+      phase("b", 200, [(0, 0.27), (200, 0.4)], [(100, 60.0), (200, 80.0)])])
+  assert run["validation"]["recall@5"] == [[0, 0.25], [300, 0.26], [500, 0.4]]
+  assert run["index_age"]["by_interval"] == [(100, 50.0), (300, 70.0), (400, 60.0),
+                                             (500, 80.0)]
+  assert run["index_age"]["mean"] == 65.0 and run["index_age"]["max"] == 80.0
+  assert (run["steps"], run["seconds"], run["indexes_built"], run["model_dir"]) == (
+      500, 120.0, 4, "b")
+  alone = text_realm.join_phases([phase("a", 300, [(0, 0.25)], [])])
+  assert alone["validation"]["recall@5"] == [[0, 0.25]] and alone["index_age"]["mean"] is None
+
+
 def test_a_seed_run_with_other_settings_is_not_reused(tmp_path):
   """A REALM seed's done file is reused only with the same per-run settings; one written
   before a field existed counts as that field's default."""
