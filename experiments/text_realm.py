@@ -309,6 +309,10 @@ def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,
 
 
 SECOND_PHASE_SEED = 10_000   # the second phase's sentence order: the seed plus this
+# Settings that differ between the two phases, so that no ``more`` may set them for both.
+PHASE_SETTINGS = ("task.retriever_init_checkpoint", "task.reader_init_checkpoint",
+                  "task.lr_retriever", "task.index_dir", "task.train_data.seed",
+                  "trainer.train_steps")
 
 
 def realm_dir(work: str, seed: int, first: bool = False) -> str:
@@ -330,6 +334,11 @@ def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
   ``realm_lr_retriever``, towers and reader from the first phase, over a fresh sentence order
   (``SECOND_PHASE_SEED``)."""
   second = bool(budget.realm_reader_steps) and not first
+  fixed = sorted(set(more or {}) & set(PHASE_SETTINGS)) if budget.realm_reader_steps else []
+  if fixed:
+    raise ts.RealTextError(f"{', '.join(fixed)}: set by each of REALM's two phases "
+                           f"(--realm_reader_steps={budget.realm_reader_steps}); not a setting "
+                           "for both")
   start = realm_dir(work, seed, first=True) if second else None
   blocks = os.path.join(work, "blocks")
   model_dir = realm_dir(work, seed, first)
@@ -372,7 +381,8 @@ def pretrain_realm(clock: Clock, work: str, vocab_file: str, budget: RealmBudget
     stages.run_side_by_side(clock, f"REALM seed {seed}", stages.realm_jobs(
         model_dir, params, os.path.join(work, "blocks"), min_interval=budget.refresh_every,
         validate=True))
-    runs.append({"model_dir": model_dir, "steps": params.trainer.train_steps,
+    runs.append({"model_dir": model_dir, "steps": model_dir_lib.checkpoint_step(
+                     model_dir_lib.latest_checkpoint(model_dir)),
                  "seconds": round(time.time() - start, 1),
                  "indexes_built": stages.indexes_built(model_dir),
                  "index_age": stages.index_ages(model_dir),

@@ -233,6 +233,8 @@ def test_two_realm_phases(tmp_path, monkeypatch):
                                 5, "dev.jsonl")
   assert one.task.retriever_init_checkpoint == os.path.join(work, "ict_model")
   assert one.trainer.train_steps == 20 and one.task.train_data.seed == 5
+  with pytest.raises(ts.RealTextError, match="task.lr_retriever"):
+    text_realm.realm_params(work, vocab, budget, 5, "dev.jsonl", {"task.lr_retriever": 2.0})
 
 
 def test_phases_join_into_one_run():
