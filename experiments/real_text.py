@@ -792,8 +792,8 @@ def check_seed_budget(done: str, seed: int, budget: RealmBudget) -> None:
     raise RealTextError(f"{done}: REALM seed {seed} ran with "
                         f"{ {k: recorded[k] for k in changed} }, not "
                         f"{ {k: budget.per_run()[k] for k in changed} }; use another seed, or "
-                        f"delete it, realm_{seed}/, realm_{seed}_first/ and their _index/ to run it "
-                        "again")
+                        f"delete it, realm_{seed}/, realm_{seed}_first/ and their _index/ to run "
+                        "it again")
 
 
 def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],

@@ -279,8 +279,9 @@ def masked_span_accuracy(work: str, model_dir: str, budget: RealmBudget,
   model_dir_lib.restore(model_dir_lib.resolve_checkpoint(model_dir), reader=reader)
   tokenizer = RealmTokenizer(config.vocab_file, lower_case=config.lower_case)
   data = configs.MaskedLmDataConfig(is_training=False)
-  examples = loaders.MaskedExamplesLoader(data, budget.realm_query_seq_length, budget.realm_max_masks,
-                                          input_path=examples_pattern(work, "eval")).read_all()
+  examples = loaders.MaskedExamplesLoader(
+      data, budget.realm_query_seq_length, budget.realm_max_masks,
+      input_path=examples_pattern(work, "eval")).read_all()
   n = min(len(examples["query_ids"]), budget.accuracy_sentences)
   examples = {k: v[:n] for k, v in examples.items()}
   blocks = manifests.read_blocks(os.path.join(work, "blocks"))
