@@ -976,6 +976,10 @@ def define_flags() -> None:
       "realm_learning_rate": "REALM: peak learning rate (the paper: 3e-5).",
       "realm_lr_retriever": "REALM: the towers' learning rate over the reader's "
                             "(task.lr_retriever; the paper: 1, one rate).",
+      "realm_freeze_blocks": "REALM: the block tower frozen (untied from the query tower) and "
+                             "its index built once, as ORQA's fine-tuning does; a deviation "
+                             "from the paper, where both towers train and the refresher "
+                             "follows them.",
       "num_candidates": "REALM: blocks read per sentence, the null block among them (the "
                         "paper: 8).",
       "refresh_every": "REALM: checkpoint interval, so the refresher's cadence.",
@@ -988,7 +992,8 @@ def define_flags() -> None:
   defaults = dict(dataclasses.asdict(Budget()), **dataclasses.asdict(RealmBudget()))
   for field in dataclasses.fields(Budget) + dataclasses.fields(RealmBudget):
     default = defaults[field.name]
-    define = flags.DEFINE_float if isinstance(default, float) else flags.DEFINE_integer
+    define = (flags.DEFINE_bool if isinstance(default, bool) else
+              flags.DEFINE_float if isinstance(default, float) else flags.DEFINE_integer)
     define(field.name, default, helps[field.name])
 
 

@@ -93,6 +93,7 @@ class RealmBudget:
   realm_batch_size: int = 4
   realm_learning_rate: float = 3e-5
   realm_lr_retriever: float = 1.0      # the towers' rate over the reader's (task.lr_retriever)
+  realm_freeze_blocks: bool = False    # the block tower frozen, its index built once (ORQA's)
   num_candidates: int = 8
   refresh_every: int = 100             # checkpoints, and so index refreshes
   validate_every: int = 100
@@ -121,7 +122,7 @@ class RealmBudget:
       value = getattr(self, field.name)
       if value < 0 or (value == 0 and field.name not in (
           "reading_distractors", "mlm_steps", "distractor_steps", "distractor_blocks",
-          "realm_reader_steps")):
+          "realm_reader_steps", "realm_freeze_blocks")):
         raise ts.RealTextError(f"--{field.name}={value}: must be positive")
     if self.distractor_steps and not self.distractor_blocks:
       raise ts.RealTextError(f"--distractor_steps={self.distractor_steps} needs "
@@ -355,6 +356,9 @@ def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
       "task.retriever_init_checkpoint": start or os.path.join(work, "ict_model"),
       "task.reader_init_checkpoint": start or os.path.join(work, realm_reader_dir(budget)),
       "task.lr_retriever": 1.0 if first else budget.realm_lr_retriever,
+      # Frozen, the block tower is a copy of the ICT tower that the query tower no longer shares.
+      "task.freeze_block_tower": budget.realm_freeze_blocks,
+      "task.model.retriever.share_embedders": not budget.realm_freeze_blocks,
       "task.qa_eval_path": dev_file,
       "trainer.validation_steps": max(1, budget.validation_sentences // VALIDATION_BATCH),
       "task.validation_data.global_batch_size": VALIDATION_BATCH,
@@ -381,7 +385,7 @@ def pretrain_realm(clock: Clock, work: str, vocab_file: str, budget: RealmBudget
     start = time.time()
     stages.run_side_by_side(clock, f"REALM seed {seed}", stages.realm_jobs(
         model_dir, params, os.path.join(work, "blocks"), min_interval=budget.refresh_every,
-        validate=True))
+        once=budget.realm_freeze_blocks, validate=True))
     runs.append({"model_dir": model_dir, "steps": model_dir_lib.checkpoint_step(
                      model_dir_lib.latest_checkpoint(model_dir)),
                  "seconds": round(time.time() - start, 1),

@@ -252,11 +252,15 @@ def convert_minilm(minilm_dir: str, vocab_file: str, out: str, seed: int) -> Dic
 class TowerPass:
   """The converted retriever's encoder run once per batch, giving both of its embeddings:
   REALM's tower (``LayerNorm(Dense_128(pooled))``, exactly the embedder's own inference) and
-  the encoder's masked mean, L2-normalized (sentence-transformers' pooling for MiniLM)."""
+  the encoder's masked mean, L2-normalized (sentence-transformers' pooling for MiniLM).
+  ``side``: the query tower's, or the block tower's (the same one unless the towers are
+  untied, as REALM's frozen block tower is); ``source``: a model directory or its loaded
+  ``Embedder``."""
 
-  def __init__(self, model_dir: str):
-    self.embedder = realm_tf.Embedder.load(model_dir)
-    tower = self.embedder.query_embedder
+  def __init__(self, source, side: str = "query"):
+    self.embedder = (source if isinstance(source, realm_tf.Embedder)
+                     else realm_tf.Embedder.load(source))
+    tower = {"query": self.embedder.query_embedder, "block": self.embedder.block_embedder}[side]
 
     spec = tf.TensorSpec([None, None], tf.int32)
 
@@ -489,8 +493,8 @@ def run_tower_retrieval(work: str, model_dir: str, name: str, max_questions: int
   query_length = model_dir_lib.load_config(
       os.path.join(work, "minilm_model")).retriever.query_seq_length
   started = time.time()
-  block_emb, _ = embed_token_ids(tower, [b["token_ids"] for b in blocks], block_seq_length,
-                                 batch_size)
+  block_emb, _ = embed_token_ids(TowerPass(tower.embedder, "block"),
+                                 [b["token_ids"] for b in blocks], block_seq_length, batch_size)
   embed_seconds = time.time() - started
   q_emb, _ = embed_token_ids(tower, question_rows(tower.embedder.tokenizer, records,
                                                   query_length), query_length, batch_size,

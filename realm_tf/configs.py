@@ -247,6 +247,9 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
     lr_retriever: a multiplier on the learning rate of the retriever (both towers) relative to
       the reader's (Atlas's ``lr_retriever``): the optimizer's step of their variables is
       scaled by it (``tasks.base.scale_updates``); 1.0, the paper's recipe: one rate.
+    freeze_block_tower: the block tower is not trained and embeds without dropout, so the
+      index it built stays exact (ORQA's fine-tuning; a deviation from REALM's pre-training,
+      where both towers train and the refresher follows them); only the query tower learns.
 
   Validation (``validation_data``: held-out masked sentences) retrieves exactly, over the
   whole corpus embedded with the current block tower: it measures the model, not the
@@ -269,6 +272,7 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
   health: HealthConfig = dataclasses.field(default_factory=HealthConfig)
   retriever_freeze_steps: int = 0
   lr_retriever: float = 1.0
+  freeze_block_tower: bool = False
 
 
 @dataclasses.dataclass

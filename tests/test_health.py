@@ -144,17 +144,20 @@ def test_repeated_uids_are_skipped_and_counted():
   np.testing.assert_array_equal(f["mlm_weights"][1:], examples["mlm_weights"][1:])
 
 
-def _task_and_batch(initializer_range=1.0, patience=2):
-  """A tiny REALM task, its model (random towers, seeded: at this init their embeddings
-  differ, as a trained retriever's do) and a batch of host-path features."""
+def _task_and_batch(initializer_range=1.0, patience=2, share_embedders=True,
+                    **task_settings):
+  """A tiny REALM task (``task_settings``: more fields of its config), its model (random
+  towers, seeded: at this init their embeddings differ, as a trained retriever's do; one
+  tower for both unless ``share_embedders`` is False) and a batch of host-path features."""
   tf_keras.utils.set_random_seed(1)
   rng = np.random.default_rng(2)
   blocks = make_blocks(12, rng)
   config = tiny_config()
   config.retriever.encoder.initializer_range = initializer_range
   config.retriever.projection_dropout = 0.0     # deterministic signals
+  config.retriever.share_embedders = share_embedders
   task = realm_pretrain.RealmPretrainTask(configs.RealmPretrainTaskConfig(
-      model=config, health=configs.HealthConfig(patience=patience)))
+      model=config, health=configs.HealthConfig(patience=patience), **task_settings))
   model = task.build_model()
   examples = make_examples(8, rng, blocks)
   examples["answer"] = np.array([b"x"] * 8)

@@ -1,4 +1,5 @@
-"""``task.lr_retriever``: the towers' optimizer step, and only theirs, scaled by a multiplier."""
+"""``task.lr_retriever``: the towers' optimizer step, and only theirs, scaled by a multiplier;
+``task.freeze_block_tower``: the block tower not trained at all."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,8 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
+from realm_tf.tasks import realm_pretrain
 
 from test_health import _task_and_batch
 
@@ -67,3 +70,51 @@ def test_a_negative_multiplier_is_refused():
   task.task_config.lr_retriever = -1.0
   with pytest.raises(configs.ConfigError, match="lr_retriever must be >= 0"):
     task.update_scales(model)
+
+
+def test_a_frozen_block_tower_keeps_its_weights_and_embeds_as_its_index():
+  """``freeze_block_tower``: two steps move the query tower but leave every block-tower weight
+  as it was (they are not the optimizer's to update); in training the candidates embed
+  without dropout, as the index did; the corpus is embedded once for validation. Shared towers
+  are refused."""
+  task, model, batch = _task_and_batch(share_embedders=False, freeze_block_tower=True)
+  assert not model.block_embedder.trainable_variables
+  blocks = [v.numpy().copy() for v in model.block_embedder.variables]
+  query = [v.numpy().copy() for v in model.query_embedder.trainable_variables]
+  optimizer = tf_keras.optimizers.legacy.Adam(1e-2)
+  for _ in range(2):
+    task.train_step(batch, model, optimizer)
+  assert all((a == b.numpy()).all() for a, b in zip(blocks, model.block_embedder.variables))
+  assert sum((a != b.numpy()).any() for a, b in zip(
+      query, model.query_embedder.trainable_variables)) > 10
+  # Dropout on, in the towers' encoders: training embeds the candidates as inference does.
+  task, model, batch = _task_and_batch(share_embedders=False, freeze_block_tower=True)
+  for layer in model.block_embedder.submodules:
+    if isinstance(layer, tf_keras.layers.Dropout):
+      layer.rate = 0.5
+  train = model(batch, training=True)["candidate_embeddings"]
+  np.testing.assert_allclose(train, model(batch, training=False)["candidate_embeddings"],
+                             rtol=1e-5, atol=1e-6)
+  model.block_embedder.trainable = True
+  assert np.abs(model(batch, training=True)["candidate_embeddings"] - train).max() > 1e-3
+  shared = configs.RealmPretrainTaskConfig(freeze_block_tower=True)
+  shared.model.retriever.share_embedders = True
+  with pytest.raises(configs.ConfigError, match="share_embedders"):
+    realm_pretrain.RealmPretrainTask(shared).build_model()
+
+
+def test_untied_towers_start_from_a_shared_towers_checkpoint(tmp_path):
+  """A frozen block tower unties the towers; both start from the one tower of a shared
+  checkpoint (the ICT model's), which one restore could not bind to two objects."""
+  shared_task, shared, _ = _task_and_batch()
+  assert shared.query_embedder is shared.block_embedder
+  path = model_dir_lib.make_checkpoint(**shared.checkpoint_items).save(str(tmp_path / "ckpt"))
+  task, model, _ = _task_and_batch(share_embedders=False, freeze_block_tower=True,
+                                   initializer_range=0.3, retriever_init_checkpoint=path)
+  before = [v.numpy().copy() for v in model.block_embedder.variables]
+  task.initialize(model)
+  for tower in (model.query_embedder, model.block_embedder):
+    for got, want in zip(tower.variables, shared.query_embedder.variables):
+      np.testing.assert_array_equal(got.numpy(), want.numpy())
+  assert any((a != b.numpy()).any() for a, b in zip(before, model.block_embedder.variables))
+  del shared_task

@@ -161,6 +161,38 @@ def test_tiny_run_end_to_end(tiny_run):
     assert r["recall@20"] == pytest.approx(oracle)
 
 
+def test_tower_pass_sides_of_untied_towers(tmp_path):
+  """Untied towers (REALM's frozen block tower, ``--realm_freeze_blocks``): the test rows embed
+  blocks with the block side, each side exactly its tower's own inference, and the two
+  differ."""
+  # pylint: disable=g-import-not-at-top
+  import helpers
+  import tensorflow as tf
+  import tf_keras
+  from realm_tf import model_dir as model_dir_lib
+  from realm_tf.data import features
+  from realm_tf.modeling.models import RealmPretrainer
+  # pylint: enable=g-import-not-at-top
+  tf_keras.utils.set_random_seed(0)
+  config = helpers.tiny_config(share=False)
+  model = RealmPretrainer.from_config_dataclass(config)
+  vocab = tmp_path / "vocab.txt"
+  helpers.write_word_vocab(vocab, [f"w{i}" for i in range(helpers.VOCAB -
+                                                           len(helpers.RESERVED))])
+  model_dir = str(tmp_path / "realm")
+  model_dir_lib.write_metadata(model_dir, config, str(vocab))
+  model_dir_lib.make_checkpoint(**model.checkpoint_items).save(os.path.join(model_dir, "ckpt"))
+  rows = [[helpers.CLS, 7, 8, 9, helpers.SEP], [helpers.CLS, 10, helpers.SEP, 11, helpers.SEP]]
+  query = text_stages.TowerPass(model_dir)
+  got = {side: text_stages.embed_token_ids(text_stages.TowerPass(query.embedder, side), rows, 8,
+                                           2)[0] for side in ("query", "block")}
+  inputs = features.pack_block_ids(tf.ragged.constant(rows, tf.int32), 8, helpers.SEP)
+  for side in ("query", "block"):
+    want = getattr(model, f"{side}_embedder")(inputs, training=False).numpy()
+    np.testing.assert_allclose(got[side], want, rtol=1e-4, atol=1e-5)
+  assert np.abs(got["query"] - got["block"]).max() > 1e-3
+
+
 def test_tiny_run_minilm_and_tables(tiny_run):
   out, stages = tiny_run
   work = os.path.join(out, "work")

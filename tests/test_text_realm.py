@@ -235,6 +235,10 @@ def test_two_realm_phases(tmp_path, monkeypatch):
   assert one.trainer.train_steps == 20 and one.task.train_data.seed == 5
   with pytest.raises(ts.RealTextError, match="task.lr_retriever"):
     text_realm.realm_params(work, vocab, budget, 5, "dev.jsonl", {"task.lr_retriever": 2.0})
+  assert not second.task.freeze_block_tower and second.task.model.retriever.share_embedders
+  frozen = text_realm.realm_params(work, vocab, dataclasses.replace(
+      budget, realm_freeze_blocks=True), 5, "dev.jsonl")
+  assert frozen.task.freeze_block_tower and not frozen.task.model.retriever.share_embedders
 
 
 def test_phases_join_into_one_run():

@@ -100,7 +100,9 @@ class RealmPretrainer(tf_keras.Model):
     query = self.query_embedder(tower_inputs(features, "query"), training=training)  # [b, d]
     batch = tf.shape(features["candidate_word_ids"])[0]
     k = features["candidate_word_ids"].shape[1]
-    blocks = self.block_embedder(tower_inputs(features, "candidate"), training=training)
+    # A frozen block tower (``trainable`` False) embeds as its index did: without dropout.
+    blocks = self.block_embedder(tower_inputs(features, "candidate"),
+                                 training=training and self.block_embedder.trainable)
     blocks = tf.reshape(blocks, [batch, k, blocks.shape[-1]])                        # [b, k, d]
     retrieval_logits = tf.einsum("bd,bkd->bk", query, blocks)
     return dict(retrieval_logits=retrieval_logits,

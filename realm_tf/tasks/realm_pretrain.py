@@ -102,6 +102,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     self._device_handle = None
     self._corpus = None            # retrieval: device: (store, uid groups), opened once
     self._eval_builder = None      # validation: exact retrieval with the current towers
+    self._frozen_index = None      # freeze_block_tower: the corpus embedded once
     self._eval_loader = None
     self._eval_features = None
     self._embed_query = None
@@ -113,15 +114,27 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   # ---- model ----
   def build_model(self) -> RealmPretrainer:
-    return RealmPretrainer.from_config_dataclass(self.task_config.model)
+    model = RealmPretrainer.from_config_dataclass(self.task_config.model)
+    if self.task_config.freeze_block_tower:
+      if model.block_embedder is model.query_embedder:
+        raise configs.ConfigError("task.freeze_block_tower needs two towers; these share one "
+                                  "(task.model.retriever.share_embedders)")
+      model.block_embedder.trainable = False
+    return model
 
   def initialize(self, model: RealmPretrainer):
     """Restores the towers from the ICT (or converted) checkpoint and the reader, if given."""
     cfg = self.task_config
     if cfg.retriever_init_checkpoint:
       path = model_dir_lib.resolve_checkpoint(cfg.retriever_init_checkpoint)
-      model_dir_lib.restore(path, query_embedder=model.query_embedder,
-                            block_embedder=model.block_embedder)
+      if model.query_embedder is model.block_embedder:
+        model_dir_lib.restore(path, query_embedder=model.query_embedder,
+                              block_embedder=model.block_embedder)
+      else:
+        # Untied towers restore one at a time: a shared tower's checkpoint saved its two names
+        # as one object, which one restore cannot bind to two.
+        for name in ("query_embedder", "block_embedder"):
+          model_dir_lib.restore(path, **{name: getattr(model, name)})
       logging.info("retriever initialized from %s", path)
     if cfg.reader_init_checkpoint:
       path = model_dir_lib.resolve_checkpoint(cfg.reader_init_checkpoint)
@@ -314,15 +327,20 @@ class RealmPretrainTask(base.RealmBaseTask):
 
   def corpus_index(self, model: RealmPretrainer):
     """A brute-force index of the validation corpus embedded with ``model``'s block tower
-    (blocks deleted by updates are never retrieved)."""
+    (blocks deleted by updates are never retrieved); with ``freeze_block_tower``, built once."""
+    if self.task_config.freeze_block_tower and self._frozen_index is not None:
+      return self._frozen_index
     model_config, blocks_dir = self.task_config.model, self.validation_blocks_dir()
     builder = self.validation_builder()
     ids, emb = corpus_embedding.embed_corpus(
         model.block_embedder, blocks_dir, model_config.retriever.block_seq_length,
         model_config.vocab_file, model_config.lower_case, progress=False)
-    return mips_index.BruteForceIndex(
+    index = mips_index.BruteForceIndex(
         corpus_embedding.assemble_rows(ids, emb, builder.null_row, where=blocks_dir),
         deleted=builder.store.deleted)
+    if self.task_config.freeze_block_tower:
+      self._frozen_index = index
+    return index
 
   def _embed_queries(self, model: RealmPretrainer, word_ids, mask) -> np.ndarray:
     """Query-tower embeddings (float32 ``[n, dim]``) of ``[CLS] ... [SEP]`` inputs."""
