@@ -1,6 +1,8 @@
 """``task.lr_retriever``: the towers' optimizer step, and only theirs, scaled by a multiplier;
 ``task.freeze_block_tower``: the block tower not trained at all."""
 
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -72,7 +74,7 @@ def test_a_negative_multiplier_is_refused():
     task.update_scales(model)
 
 
-def test_a_frozen_block_tower_keeps_its_weights_and_embeds_as_its_index():
+def test_a_frozen_block_tower_keeps_its_weights_and_embeds_as_its_index(monkeypatch):
   """``freeze_block_tower``: two steps move the query tower but leave every block-tower weight
   as it was (they are not the optimizer's to update); in training the candidates embed
   without dropout, as the index did; the corpus is embedded once for validation. Shared towers
@@ -97,6 +99,19 @@ def test_a_frozen_block_tower_keeps_its_weights_and_embeds_as_its_index():
                              rtol=1e-5, atol=1e-6)
   model.block_embedder.trainable = True
   assert np.abs(model(batch, training=True)["candidate_embeddings"] - train).max() > 1e-3
+  # Validation's corpus: embedded once (a frozen tower cannot change it), every pass before.
+  calls = []
+  def embed_corpus(tower, *args, **kwargs):
+    del args, kwargs
+    calls.append(tower)
+    return np.arange(3), np.eye(3, 8, dtype=np.float32)
+  monkeypatch.setattr(realm_pretrain.corpus_embedding, "embed_corpus", embed_corpus)
+  task._eval_builder = types.SimpleNamespace(  # pylint: disable=protected-access
+      null_row=3, store=types.SimpleNamespace(deleted=None))
+  first = task.corpus_index(model)
+  assert task.corpus_index(model) is first and calls == [model.block_embedder]
+  task.task_config.freeze_block_tower = False
+  assert task.corpus_index(model) is not first and len(calls) == 2
   shared = configs.RealmPretrainTaskConfig(freeze_block_tower=True)
   shared.model.retriever.share_embedders = True
   with pytest.raises(configs.ConfigError, match="share_embedders"):
