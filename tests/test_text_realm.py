@@ -278,3 +278,26 @@ def test_a_seed_run_with_other_settings_is_not_reused(tmp_path):
   done.write_text(json.dumps({"budget": dict(old, realm_steps=7)}))
   with pytest.raises(ts.RealTextError, match="realm_steps"):
     real_text.check_seed_budget(str(done), 0, budget)
+
+
+def test_dev_tools():
+  """The dev scripts' pieces: a budget field's value of its own type (a boolean spelled out),
+  a task setting's as a number where it is one; the cone's numbers on constructed queries."""
+  # pylint: disable=g-import-not-at-top
+  from experiments.dev import query_cone
+  from experiments.dev import realm_variant
+  # pylint: enable=g-import-not-at-top
+  assert realm_variant.value("realm_freeze_blocks", "True") is True
+  assert realm_variant.value("realm_freeze_blocks", "False") is False
+  with pytest.raises(SystemExit):
+    realm_variant.value("realm_freeze_blocks", "1")
+  assert realm_variant.value("realm_steps", "300") == 300
+  assert realm_variant.value("task.lr_retriever", "3.0") == 3.0
+  assert realm_variant.value("task.retriever_init_checkpoint", "/w/r") == "/w/r"
+  folded = query_cone.cone(np.array([[2.0, 0.0], [1.0, 0.0]]), np.array([0.0, 1.0]))
+  assert folded["mean_pair_cosine"] == pytest.approx(1.0)
+  assert folded["mean_share_of_norm2"] == pytest.approx(1.5 ** 2 / 2.5)
+  assert folded["cos_mean_beta"] == pytest.approx(0.0)
+  spread = query_cone.cone(np.array([[1.0, 0.0], [-1.0, 0.0]]), np.array([1.0, 0.0]))
+  assert spread["mean_pair_cosine"] == pytest.approx(-1.0)
+  assert spread["mean_share_of_norm2"] == pytest.approx(0.0)
