@@ -282,7 +282,8 @@ def test_a_seed_run_with_other_settings_is_not_reused(tmp_path):
 
 def test_dev_tools():
   """The dev scripts' pieces: a budget field's value of its own type (a boolean spelled out),
-  a task setting's as a number where it is one; the cone's numbers on constructed queries."""
+  a task setting's as a number where it is one; the cone's numbers on constructed queries;
+  centred queries against raw ones on constructed hub blocks."""
   # pylint: disable=g-import-not-at-top
   from experiments.dev import query_cone
   from experiments.dev import realm_variant
@@ -301,3 +302,16 @@ def test_dev_tools():
   spread = query_cone.cone(np.array([[1.0, 0.0], [-1.0, 0.0]]), np.array([1.0, 0.0]))
   assert spread["mean_pair_cosine"] == pytest.approx(-1.0)
   assert spread["mean_share_of_norm2"] == pytest.approx(0.0)
+  # Centring the queries removes the prior that hub blocks take from the shared direction.
+  from experiments.dev import centred_recall  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import qa  # pylint: disable=g-import-not-at-top
+  hub = np.zeros([8, 3], np.float32)
+  hub[:6, 0] = 1.0                                 # six blocks along the shared direction
+  hub[6, 1] = hub[7, 2] = 1.0
+  bodies = ["filler text"] * 6 + ["beta here", "gamma here"]
+  records = [qa.QARecord("q1", ["beta"]), qa.QARecord("q2", ["gamma"])]
+  queries = np.array([[10.0, 1.0, 0.0], [10.0, 0.0, 1.0]], np.float32)
+  got = centred_recall.compare(queries, hub, bodies, records)
+  assert got["raw"] == {"recall@5": 0.0, "recall@20": 1.0}
+  assert got["centred"] == {"recall@5": 1.0, "recall@20": 1.0}
+  assert (got["gained@5"], got["lost@5"], got["questions"]) == (2, 0, 2)
