@@ -470,7 +470,11 @@ def index_ages(model_dir: str) -> Dict:
   batch retrieved from and the trainer's step. ``by_interval``: ``[(step, mean age over the
   summary interval ending there)]`` (the trainer's ``index_age`` summaries; an interval is one
   refresh period); ``mean`` and ``max`` over them."""
-  series = model_dir_lib.read_summaries(model_dir, "train").get("index_age", [])
+  return age_summary(model_dir_lib.read_summaries(model_dir, "train").get("index_age", []))
+
+
+def age_summary(series: List) -> Dict:
+  """``[(step, age)]`` -> ``by_interval`` (the series), ``mean`` and ``max`` (None if empty)."""
   values = [v for _, v in series]
   return dict(by_interval=series, mean=sum(values) / len(values) if values else None,
               max=max(values) if values else None)

@@ -356,7 +356,7 @@ def realm_params(work: str, vocab_file: str, budget: RealmBudget, seed: int,
       "task.retriever_init_checkpoint": start or os.path.join(work, "ict_model"),
       "task.reader_init_checkpoint": start or os.path.join(work, realm_reader_dir(budget)),
       "task.lr_retriever": 1.0 if first else budget.realm_lr_retriever,
-      # Frozen, the block tower is a copy of the ICT tower that the query tower no longer shares.
+      # Frozen, the block tower is untied from the query tower (both start from one tower).
       "task.freeze_block_tower": budget.realm_freeze_blocks,
       "task.model.retriever.share_embedders": not budget.realm_freeze_blocks,
       "task.qa_eval_path": dev_file,
@@ -408,12 +408,10 @@ def join_phases(runs: List[Dict]) -> Dict:
         points.setdefault(int(step) + offset, round(float(value), 4))
     ages += [(int(step) + offset, value) for step, value in run["index_age"]["by_interval"]]
     offset += run["steps"]
-  values = [v for _, v in ages]
   return {"model_dir": runs[-1]["model_dir"], "steps": offset,
           "seconds": round(sum(r["seconds"] for r in runs), 1),
           "indexes_built": sum(r["indexes_built"] for r in runs),
-          "index_age": dict(by_interval=ages, mean=sum(values) / len(values) if values else None,
-                            max=max(values) if values else None),
+          "index_age": stages.age_summary(ages),
           "phases": [{k: r[k] for k in ("model_dir", "steps", "seconds")} for r in runs],
           "validation": {tag: [[s, v] for s, v in sorted(points.items())]
                          for tag, points in validation.items()}}

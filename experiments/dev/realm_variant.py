@@ -12,6 +12,7 @@ import json
 import os
 import sys
 
+from experiments import assets
 from experiments import text_realm
 from experiments.common import Clock
 
@@ -39,8 +40,7 @@ def main(argv):
   for arg in argv[4:]:
     k, v = arg.split("=", 1)
     (more if "." in k else fields)[k] = value(k, v)
-  vocab = os.path.join(os.path.dirname(__file__), "..", "..", "assets", "vocab",
-                       "bert-base-uncased-vocab.txt")
+  vocab = str(assets.BERT_VOCAB)
   budget = dataclasses.replace(text_realm.RealmBudget(), **fields)
   print("budget", budget, "more", more, flush=True)
   out = text_realm.pretrain_realm(Clock("realm_dev"), work, vocab, budget, seed, more=more)
