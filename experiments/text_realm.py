@@ -89,16 +89,16 @@ class RealmBudget:
   realm_reader_seq_length: int = 192   # reader input: query + block body, in wordpieces
   realm_block_seq_length: int = 128    # blocks as the towers embed them in training and index
   realm_reader_steps: int = 0          # a first REALM phase at the one rate (0: none)
-  realm_steps: int = 400               # (after it) REALM at realm_lr_retriever
+  realm_steps: int = 300               # (after it) REALM at realm_lr_retriever (NOTES 36)
   realm_batch_size: int = 4
   realm_learning_rate: float = 3e-5
   realm_lr_retriever: float = 1.0      # the towers' rate over the reader's (task.lr_retriever)
   realm_freeze_blocks: bool = False    # the block tower frozen, its index built once (ORQA's)
   num_candidates: int = 8
   refresh_every: int = 100             # checkpoints, and so index refreshes
-  validate_every: int = 100
+  validate_every: int = 150
   validation_sentences: int = 96       # held-out sentences per validation pass
-  qa_dev_questions: int = 200          # dev questions of validation's qa_recall
+  qa_dev_questions: int = 1000         # dev questions of validation's qa_recall
   accuracy_sentences: int = 500        # held-out sentences of masked_span_accuracy
 
   # The fields of the stages every seed shares (the data and the reader); the others are a
