@@ -6,6 +6,8 @@ A model directory holds:
 * ``vocab.txt``: the WordPiece vocabulary the towers were trained with;
 * ``block_tower.json`` (a fine-tuned Open-QA model): the block tower its query tower was
   fine-tuned against (:func:`write_block_tower`), which ``realm-serve`` pins;
+* ``validation_hits.jsonl`` (REALM pre-training): each validation pass's per-sentence and
+  per-question hits (:func:`append_validation_hits`), so that two runs can be paired;
 * TF2 checkpoints ``ckpt-<step>`` of a ``tf.train.Checkpoint`` whose top-level items are
   ``query_embedder``, ``block_embedder`` (the same object when embedders are shared),
   ``reader`` and, for trainers, ``optimizer`` and ``global_step``. Any item may be absent;
@@ -28,6 +30,7 @@ CONFIG_NAME = "model_config.yaml"
 VOCAB_NAME = "vocab.txt"
 TRAINING_DONE = "TRAINING_DONE"
 BLOCK_TOWER_NAME = "block_tower.json"
+VALIDATION_HITS_NAME = "validation_hits.jsonl"
 
 
 class ModelDirError(errors.RealmError, ValueError):
@@ -218,6 +221,44 @@ def read_block_tower(model_dir: str) -> Optional[Dict]:
     raise ModelDirError(f"{path} names no block tower: delete it to serve the model with the "
                         "block tower of the index it starts with")
   return record
+
+
+def append_validation_hits(model_dir: str, record: Dict) -> None:
+  """Appends one validation pass's ``record`` to ``model_dir/validation_hits.jsonl``:
+  ``{"step", "k", "held_out": "0110..."}`` (a sentence's top k blocks, its own skipped, hold its
+  answer; in the held-out files' order) and, with a QA file, ``"qa"`` (the same per question, in
+  the file's order), ``"qa_file"`` and ``"qa_sha256"`` (of its bytes: pair two runs only where
+  they agree)."""
+  tf.io.gfile.makedirs(model_dir)
+  path = os.path.join(model_dir, VALIDATION_HITS_NAME)
+  old = ""
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
+      old = f.read()
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+    f.write(old + json.dumps(record, sort_keys=True) + "\n")
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
+def read_validation_hits(model_dir: str) -> Dict[int, Dict]:
+  """``{step: record}`` of :func:`append_validation_hits`, each hits string as a list of bools;
+  a step validated twice (a resumed run) keeps its last pass. Empty when the file is absent."""
+  path = os.path.join(model_dir, VALIDATION_HITS_NAME)
+  if not tf.io.gfile.exists(path):
+    return {}
+  out = {}
+  with tf.io.gfile.GFile(path) as f:
+    for n, line in enumerate(f, 1):
+      try:
+        record = json.loads(line)
+        step = int(record["step"])
+      except (ValueError, KeyError, TypeError) as e:
+        raise ModelDirError(f"{path}, line {n}: not a validation record ({e})") from None
+      for key in ("held_out", "qa"):
+        if key in record:
+          record[key] = [c == "1" for c in record[key]]
+      out[step] = record
+  return out
 
 
 def read_summaries(model_dir: str, subdir: str = "train") -> Dict[str, List[Tuple[int, float]]]:

@@ -6,11 +6,13 @@ out again (case-sensitive substring of the block body; ``re.search`` ignoring ca
 answers).
 """
 
+import hashlib
 import os
 import re
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
@@ -136,6 +138,13 @@ def test_qa_recall_in_eval_logs_matches_numpy(world):
                helpers.scalars(os.path.join(model_dir, "validation")).items()}
   assert summaries["qa_recall@5"] == pytest.approx(want)
   assert summaries["qa_questions"] == len(records)
+  # The pass's per-question hits, in the file's order, beside its per-sentence ones.
+  (step, got), = model_dir_lib.read_validation_hits(model_dir).items()
+  assert step == 0 and got["k"] == TOP and got["qa"] == hits
+  assert got["qa_file"] == qa_path and got["qa_sha256"] == hashlib.sha256(
+      open(qa_path, "rb").read()).hexdigest()
+  assert np.mean(got["held_out"]) == pytest.approx(logs["held_out_recall@5"])
+  assert len(got["held_out"]) == logs["held_out_sentences"]
 
 
 def test_qa_recall_regex_answers_and_off_by_default(world):
@@ -234,3 +243,17 @@ def test_held_out_recall_over_every_sentence(world):
   assert 0.0 < np.mean(hits) < 1.0
   assert logs == {"held_out_recall@3": pytest.approx(np.mean(hits)),
                   "held_out_sentences": float(len(hits))}
+  # With a model directory and the trainer's step, the same hits are kept sentence by sentence;
+  # a step validated again (a resumed run) keeps its last pass.
+  model_dir = str(world["root"] / "held_out_hits")
+  task = realm_pretrain.RealmPretrainTask(params.task, logging_dir=model_dir)
+  task.build_inputs(params.task.validation_data)
+  for step in (0, 4, 4):
+    task.validation_begin(model)
+    task.reduce_aggregated_logs(task.aggregate_logs(None, {}), global_step=tf.constant(step))
+  got = model_dir_lib.read_validation_hits(model_dir)
+  assert sorted(got) == [0, 4] and got[4]["held_out"] == hits and "qa" not in got[4]
+  with open(os.path.join(model_dir, model_dir_lib.VALIDATION_HITS_NAME), "a") as f:
+    f.write("{not json\n")
+  with pytest.raises(model_dir_lib.ModelDirError, match="line 4"):
+    model_dir_lib.read_validation_hits(model_dir)

@@ -33,6 +33,7 @@ values into alarms (``task.health``); the trainer calls it after every training 
 validation pass, and the validation's one-line health report is printed.
 """
 
+import hashlib
 import logging
 from typing import Optional
 
@@ -68,6 +69,11 @@ DEVICE_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "candidate_
 HOST_PATH_FEATURES = DEVICE_FEATURES + ("candidate_holds_answer",)
 VALIDATION_FEATURES = HOST_PATH_FEATURES + ("recall_hit",)
 EMBED_BATCH = 256   # queries per call of the query tower in validation_begin
+
+
+def _bits(hits) -> str:
+  """Per-item hits as one string of "0" and "1" (``model_dir.append_validation_hits``)."""
+  return "".join("1" if h else "0" for h in hits)
 
 
 def replica_loss(model, features, training: bool):
@@ -293,6 +299,7 @@ class RealmPretrainTask(base.RealmBaseTask):
     # pass's batches (whose ``recall@k`` the health monitor follows).
     self._qa_logs = {f"held_out_recall@{cfg.recall_at}": float(np.mean(hits)),
                      "held_out_sentences": float(len(hits))}
+    self._hits = {"k": cfg.recall_at, "held_out": _bits(hits)}
     if cfg.qa_eval_path:
       self._qa_logs.update(self._qa_recall(model, index, builder))
 
@@ -380,6 +387,10 @@ class RealmPretrainTask(base.RealmBaseTask):
     """Zero-shot ``qa_recall@k`` over ``qa_eval_path``'s questions (see the module doc)."""
     k = self.task_config.recall_at
     hits = self.qa_hits(model, index, builder, k)
+    path = self.task_config.qa_eval_path
+    with tf.io.gfile.GFile(path, "rb") as f:
+      digest = hashlib.sha256(f.read()).hexdigest()
+    self._hits.update(qa=_bits(hits), qa_file=path, qa_sha256=digest)
     return {f"qa_recall@{k}": float(np.mean(hits)), "qa_questions": float(len(hits))}
 
   # ---- losses, metrics, steps ----
@@ -444,7 +455,11 @@ class RealmPretrainTask(base.RealmBaseTask):
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
     """The host-side numbers of this pass (``held_out_recall@k``, ``held_out_sentences``,
     ``qa_recall@k``, ``qa_questions``), which Model Garden adds to the validation logs and
-    summaries."""
+    summaries; with a model directory (``logging_dir``) and the trainer's step, their
+    per-sentence and per-question hits go to its ``validation_hits.jsonl``."""
+    if self.logging_dir and global_step is not None:
+      model_dir_lib.append_validation_hits(
+          self.logging_dir, dict(self._hits, step=int(global_step)))
     return dict(self._qa_logs)
 
   def transform_gradients(self, grads_and_vars, model, optimizer):
