@@ -241,8 +241,9 @@ def append_validation_hits(model_dir: str, record: Dict) -> None:
 
 
 def read_validation_hits(model_dir: str) -> Dict[int, Dict]:
-  """``{step: record}`` of :func:`append_validation_hits`, each hits string as a list of bools;
-  a step validated twice (a resumed run) keeps its last pass. Empty when the file is absent."""
+  """``{step: record}`` of :func:`append_validation_hits` (its hits as stored, "0"/"1" strings:
+  ``experiments/paired.py`` pairs them); a step validated twice (a resumed run) keeps its last
+  pass. Empty when the file is absent."""
   path = os.path.join(model_dir, VALIDATION_HITS_NAME)
   if not tf.io.gfile.exists(path):
     return {}
@@ -254,9 +255,6 @@ def read_validation_hits(model_dir: str) -> Dict[int, Dict]:
         step = int(record["step"])
       except (ValueError, KeyError, TypeError) as e:
         raise ModelDirError(f"{path}, line {n}: not a validation record ({e})") from None
-      for key in ("held_out", "qa"):
-        if key in record:
-          record[key] = [c == "1" for c in record[key]]
       out[step] = record
   return out
 
