@@ -1,15 +1,33 @@
 r"""Dev only (issue 54): where the spread of REALM's gain over its ICT start comes from.
 
-A grid of runs, each an ICT seed ``a`` (its warm start) and a REALM seed ``b`` (REALM's data
-order and masks), with repeats of some cells, gives the gain ``g[a, b]`` (REALM's dev recall
-minus its start's). ``components`` splits its run-to-run variance as a two-way random-effects
-model without interaction, ``g = mu + A_a + B_b + e``: the ICT start's share ``var(A)``, REALM's
-own ``var(B)``, and the rest (interaction, the unseeded refresher, question noise), with the
-repeats' within-cell variance apart as the floor that no seed explains.
+A grid of runs on the tables' world and settings, each an ICT seed ``a`` (its warm start) and a
+REALM seed ``b`` (REALM's data order and masks), one reader for all (seed ``reader_seed``), with
+repeats of the first cell, gives the gain ``g[a, b]``: zero-shot recall@5 at REALM's last
+validation minus its step 0 (the ICT start's), on the world's questions outside its test split
+(world 0: 315, its dev and train; pre-training reads no QA file; NOTES 36), paired by question
+from each run's ``validation_hits.jsonl``. ``components`` splits the gain's run-to-run variance
+as a two-way random-effects model without interaction, ``g = mu + A_a + B_b + e``: the ICT
+start's share ``var(A)``, REALM's own ``var(B)``, and the rest (interaction, the unseeded
+refresher, question noise), with the repeats' within-cell variance apart as the floor that no
+seed explains.
+
+usage: python -m experiments.dev.variance OUT ICT_SEEDS REALM_SEEDS [repeats=N]
+           [reader_seed=S] [parallel=P] [recipe_field=value ...]
+  e.g. OUT 100,101,102 200,201,202 repeats=2 (seeds 100 or more: dev); results in
+  OUT/variance.json.
 """
+import dataclasses
 import itertools
+import json
+import os
 import statistics
-from typing import Dict, Hashable, Sequence, Tuple
+import sys
+from typing import Dict, Hashable, List, Sequence, Tuple
+
+from experiments import stages
+from experiments import table_seed
+from experiments.common import Clock
+from realm_tf import model_dir as model_dir_lib
 
 
 def components(gains: Dict[Tuple[Hashable, Hashable], Sequence[float]]) -> Dict:
@@ -41,3 +59,103 @@ def components(gains: Dict[Tuple[Hashable, Hashable], Sequence[float]]) -> Dict:
          "total": statistics.variance(mean.values())}
   out.update({f"{k}_clipped": max(0.0, out[k]) for k in ("ict", "realm")})
   return out
+
+
+def nontest_questions(files: Dict[str, str], path: str) -> str:
+  """The world's dev and train questions in one file (``path``), none of them a test question."""
+  with open(files["qa_test"]) as f:
+    test = {json.loads(line)["question"] for line in f if line.strip()}
+  lines = []
+  for split in ("qa_dev", "qa_train"):
+    with open(files[split]) as f:
+      lines += [line for line in f if line.strip()]
+  if any(json.loads(line)["question"] in test for line in lines):
+    raise ValueError(f"{files['qa_dev']} or {files['qa_train']} holds a test question")
+  with open(path, "w") as f:
+    f.writelines(line if line.endswith("\n") else line + "\n" for line in lines)
+  return path
+
+
+def gain(model_dir: str) -> Dict:
+  """A run's zero-shot recall@5 at step 0 and at its last validation, per question and as the
+  mean difference (``read_validation_hits``; both passes on the same QA file)."""
+  hits = model_dir_lib.read_validation_hits(model_dir)
+  if 0 not in hits or len(hits) < 2:
+    raise ValueError(f"{model_dir}: validation hits at step 0 and a later step are needed, "
+                     f"found steps {sorted(hits)}")
+  first, last = hits[0], hits[max(hits)]
+  if first["qa_sha256"] != last["qa_sha256"]:
+    raise ValueError(f"{model_dir}: steps 0 and {max(hits)} scored different QA files")
+  share = lambda bits: bits.count("1") / len(bits)
+  return {"step": max(hits), "start": share(first["qa"]), "end": share(last["qa"]),
+          "gain": share(last["qa"]) - share(first["qa"]), "start_hits": first["qa"],
+          "end_hits": last["qa"]}
+
+
+def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], repeats: int = 1,
+             reader_seed: int = 100, parallel: int = 2,
+             recipe: stages.Recipe = stages.Recipe()) -> Dict:
+  """Every (ICT seed, REALM seed) cell once, the first cell ``repeats`` times in all, each REALM
+  run validated every ``TableSettings.validation_every`` steps on the non-test questions; the
+  gains and their ``components`` into ``out/variance.json``."""
+  if min(list(ict_seeds) + list(realm_seeds) + [reader_seed]) < 100:
+    raise ValueError("dev seeds are 100 or more (0-11 are the tables' test seeds)")
+  clock, table = Clock("variance"), table_seed.TableSettings()
+  os.makedirs(out, exist_ok=True)
+  data = table_seed.prepare(clock, out, table, recipe)
+  vocab, dirs = data["files"]["vocab"], data["dirs"]
+  questions = nontest_questions(data["files"], os.path.join(out, "qa-nontest.jsonl"))
+  base = os.path.join(out, f"reader_{reader_seed}")
+  reader = stages.train_warm_starts(
+      clock, base, stages.reader_stages(recipe, vocab, stages.reading_corpora(
+          base, data["reading"]), base), seed=reader_seed)
+  reader_dir = reader["reader" if "reader" in reader else "reader_read"][0]
+  ict = {a: stages.train_warm_starts(clock, os.path.join(out, f"ict_{a}"), stages.ict_stage(
+      recipe, vocab, dirs["ict"]), seed=a)["ict"][0] for a in ict_seeds}
+  cells: List[Tuple[int, int, int]] = [(a, b, 0) for a in ict_seeds for b in realm_seeds]
+  cells += [(ict_seeds[0], realm_seeds[0], r) for r in range(1, repeats)]
+  where = stages.PretrainData(dirs["pretrain_salient"], dirs["blocks"], dirs["pretrain_salient"])
+  jobs, runs = [], {}
+  for a, b, r in cells:
+    model_dir = runs[a, b, r] = os.path.join(out, f"realm_ict{a}_realm{b}_{r}")
+    params = stages.realm_params(
+        recipe, vocab, where, model_dir + "_index", ict[a], reader_dir,
+        validate_every=table.validation_every, seed=b, qa_eval=questions,
+        more={"task.lr_retriever": table.lr_retriever})
+    jobs += stages.realm_jobs(model_dir, params, dirs["blocks"], validate=True)
+  if jobs:
+    stages.run_side_by_side(clock, "REALM", jobs, parallel)
+  gains = {cell: gain(model_dir) for cell, model_dir in runs.items()}
+  grid: Dict[Tuple[int, int], List[float]] = {}
+  for (a, b, _), g in gains.items():
+    grid.setdefault((a, b), []).append(g["gain"])
+  result = {"recipe": dataclasses.asdict(recipe), "reader_seed": reader_seed,
+            "questions": sum(1 for _ in open(questions)), "components": components(grid),
+            "runs": [dict(g, ict_seed=a, realm_seed=b, repeat=r,
+                          index_age=stages.index_ages(runs[a, b, r]))
+                     for (a, b, r), g in sorted(gains.items())]}
+  with open(os.path.join(out, "variance.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  c = result["components"]
+  clock.say(f"gain {c['mean']:+.3f} over {len(gains)} runs; variance: ICT start "
+            f"{c['ict']:.5f}, REALM seed {c['realm']:.5f}, residual {c['residual']:.5f}, "
+            f"repeats {c['repeats']}")
+  return result
+
+
+def main(argv):
+  out, ict_seeds, realm_seeds = argv[1], argv[2], argv[3]
+  options, fields = {}, {}
+  for arg in argv[4:]:
+    key, value = arg.split("=", 1)
+    if key in ("repeats", "reader_seed", "parallel"):
+      options[key] = int(value)
+    else:
+      kind = type(getattr(stages.Recipe(), key))
+      fields[key] = kind(value)
+  run_grid(out, [int(s) for s in ict_seeds.split(",")], [int(s) for s in realm_seeds.split(",")],
+           recipe=dataclasses.replace(stages.Recipe(), **fields), **options)
+
+
+if __name__ == "__main__":
+  main(sys.argv)
