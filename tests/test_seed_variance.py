@@ -39,3 +39,37 @@ def test_variance_components_of_a_seed_grid():
   with pytest.raises(ValueError, match=r"missing \[\(2, 3\)\]"):
     variance.components({k: v for k, v in grid.items() if k != (2, 3)})
 
+
+
+@pytest.mark.slow
+def test_grid_at_the_smallest_size(tmp_path):
+  """The grid end to end on a small world: 2 ICT seeds x 2 REALM seeds and a repeat of the
+  first cell, each run's gain from its own validation hits, on the non-test questions only."""
+  import json  # pylint: disable=g-import-not-at-top
+  import helpers  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "grid"
+  proc = helpers.run_process(
+      "experiments.dev.variance", str(out), "100,101", "200,201", "repeats=2",
+      "world_scale=0.3", "reading_worlds=1", "reading_steps=4", "distractor_steps=3",
+      "ict_steps=4", "realm_steps=6", "refresh_every=3", timeout=1800)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  result = json.loads((out / "variance.json").read_text())
+  assert len(result["runs"]) == 5
+  test = {json.loads(line)["question"]
+          for line in (out / "world" / "qa-test.jsonl").read_text().splitlines() if line}
+  nontest = [json.loads(line)["question"]
+             for line in (out / "qa-nontest.jsonl").read_text().splitlines() if line]
+  assert nontest and not test & set(nontest) and result["questions"] == len(nontest)
+  for run in result["runs"]:
+    assert run["step"] == 6 and len(run["start_hits"]) == len(run["end_hits"]) == len(nontest)
+    assert run["gain"] == pytest.approx(
+        (run["end_hits"].count("1") - run["start_hits"].count("1")) / len(nontest))
+  # One ICT start, one step-0 recall, whatever REALM's seed.
+  starts = {}
+  for run in result["runs"]:
+    starts.setdefault(run["ict_seed"], set()).add(run["start_hits"])
+  assert all(len(s) == 1 for s in starts.values())
+  grid = {}
+  for run in result["runs"]:
+    grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
+  assert result["components"] == pytest.approx(variance.components(grid), nan_ok=True)

@@ -106,6 +106,7 @@ def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], rep
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   questions = nontest_questions(data["files"], os.path.join(out, "qa-nontest.jsonl"))
   base = os.path.join(out, f"reader_{reader_seed}")
+  os.makedirs(base, exist_ok=True)
   reader = stages.train_warm_starts(
       clock, base, stages.reader_stages(recipe, vocab, stages.reading_corpora(
           base, data["reading"]), base), seed=reader_seed)
