@@ -73,3 +73,7 @@ def test_grid_at_the_smallest_size(tmp_path):
   for run in result["runs"]:
     grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
   assert result["components"] == pytest.approx(variance.components(grid), nan_ok=True)
+  # A rerun in the same directory with another recipe is refused, not silently mixed.
+  again = helpers.run_process("experiments.dev.variance", str(out), "100,101", "200,201",
+                              "world_scale=0.3", "realm_steps=7")
+  assert again.returncode != 0 and "records another recipe" in again.stderr

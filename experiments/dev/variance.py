@@ -102,6 +102,18 @@ def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], rep
     raise ValueError("dev seeds are 100 or more (0-11 are the tables' test seeds)")
   clock, table = Clock("variance"), table_seed.TableSettings()
   os.makedirs(out, exist_ok=True)
+  # Finished stages are skipped by directory: a rerun must be the same recipe.
+  settings, recorded = dict(dataclasses.asdict(recipe), reader_seed=reader_seed), os.path.join(
+      out, "grid_recipe.json")
+  if os.path.exists(recorded):
+    with open(recorded) as f:
+      old = json.load(f)
+    if old != settings:
+      changed = sorted(k for k in settings if old.get(k) != settings[k])
+      raise ValueError(f"{recorded} records another recipe ({changed}): use another OUT")
+  else:
+    with open(recorded, "w") as f:
+      json.dump(settings, f, indent=1)
   data = table_seed.prepare(clock, out, table, recipe)
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   questions = nontest_questions(data["files"], os.path.join(out, "qa-nontest.jsonl"))
@@ -131,7 +143,8 @@ def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], rep
   for (a, b, _), g in gains.items():
     grid.setdefault((a, b), []).append(g["gain"])
   result = {"recipe": dataclasses.asdict(recipe), "reader_seed": reader_seed,
-            "questions": sum(1 for _ in open(questions)), "components": components(grid),
+            "questions": len(next(iter(gains.values()))["start_hits"]),
+            "components": components(grid),
             "runs": [dict(g, ict_seed=a, realm_seed=b, repeat=r,
                           index_age=stages.index_ages(runs[a, b, r]))
                      for (a, b, r), g in sorted(gains.items())]}
