@@ -40,6 +40,34 @@ def test_variance_components_of_a_seed_grid():
     variance.components({k: v for k, v in grid.items() if k != (2, 3)})
 
 
+def test_question_noise_and_summary_of_runs():
+  """A run's question noise is its paired per-question differences' variance over their count
+  (NumPy); the summary's components are those of the runs' gains; each ICT start has one step-0
+  recall, and a run that disagrees with its start's is refused."""
+  rng = np.random.default_rng(1)
+  bits = lambda p: "".join("1" if x else "0" for x in rng.random(315) < p)
+  runs, start_hits = [], {a: bits(0.6) for a in (100, 101)}
+  for a in (100, 101):
+    for b in (200, 201):
+      end = bits(0.65)
+      runs.append({"ict_seed": a, "realm_seed": b, "start_hits": start_hits[a], "end_hits": end,
+                   "start": start_hits[a].count("1") / 315,
+                   "gain": (end.count("1") - start_hits[a].count("1")) / 315})
+  d = [np.array([int(c) for c in r["end_hits"]]) - np.array([int(c) for c in r["start_hits"]])
+       for r in runs]
+  for r, diff in zip(runs, d):
+    assert variance.question_noise(r["start_hits"], r["end_hits"]) == pytest.approx(
+        np.var(diff, ddof=1) / diff.size)
+  got = variance.summarize(runs)
+  assert got["question_noise"] == pytest.approx(np.mean([np.var(x, ddof=1) / x.size for x in d]))
+  assert got["components"] == pytest.approx(variance.components(
+      {(r["ict_seed"], r["realm_seed"]): [r["gain"]] for r in runs}), nan_ok=True)
+  assert got["ict_starts"]["101"]["mean_gain"] == pytest.approx(
+      np.mean([r["gain"] for r in runs[2:]]))
+  runs[1] = dict(runs[1], start=runs[1]["start"] + 0.01)
+  with pytest.raises(ValueError, match="ICT seed 100: two step-0 recalls"):
+    variance.summarize(runs)
+
 
 @pytest.mark.slow
 def test_grid_at_the_smallest_size(tmp_path):
@@ -73,6 +101,8 @@ def test_grid_at_the_smallest_size(tmp_path):
   for run in result["runs"]:
     grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
   assert result["components"] == pytest.approx(variance.components(grid), nan_ok=True)
+  assert result["question_noise"] == pytest.approx(
+      variance.summarize(result["runs"])["question_noise"])
   # A rerun in the same directory with another recipe is refused, not silently mixed.
   again = helpers.run_process("experiments.dev.variance", str(out), "100,101", "200,201",
                               "world_scale=0.3", "realm_steps=7")

@@ -15,6 +15,7 @@ usage: python -m experiments.dev.variance OUT ICT_SEEDS REALM_SEEDS [repeats=N]
            [reader_seed=S] [parallel=P] [recipe_field=value ...]
   e.g. OUT 100,101,102 200,201,202 repeats=2 (seeds 100 or more: dev); results in
   OUT/variance.json.
+       python -m experiments.dev.variance summarize OUT   (its summary again, from its runs)
 """
 import dataclasses
 import itertools
@@ -92,6 +93,36 @@ def gain(model_dir: str) -> Dict:
           "end_hits": last["qa"]}
 
 
+def question_noise(start_hits: str, end_hits: str) -> float:
+  """The sampling variance of one run's gain from its questions alone: the per-question paired
+  differences' variance over their count (the square of the paired standard error)."""
+  if len(start_hits) != len(end_hits) or len(start_hits) < 2:
+    raise ValueError(f"paired hits of lengths {len(start_hits)} and {len(end_hits)}")
+  diffs = [int(e) - int(s) for s, e in zip(start_hits, end_hits)]
+  return statistics.variance(diffs) / len(diffs)
+
+
+def summarize(runs: Sequence[Dict]) -> Dict:
+  """``components`` of the runs' gains, beside what reads them (NOTES 37): the question noise
+  (``question_noise`` averaged over the runs, the residual's floor) and each ICT start's step-0
+  recall with its cells' mean gain."""
+  grid: Dict[Tuple[int, int], List[float]] = {}
+  for run in runs:
+    grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
+  starts: Dict[int, Dict] = {}
+  for run in runs:
+    start = starts.setdefault(run["ict_seed"], {"start": run["start"], "gains": []})
+    if start["start"] != run["start"]:
+      raise ValueError(f"ICT seed {run['ict_seed']}: two step-0 recalls, {start['start']} and "
+                       f"{run['start']}")
+    start["gains"].append(run["gain"])
+  return {"components": components(grid),
+          "question_noise": statistics.fmean(
+              question_noise(r["start_hits"], r["end_hits"]) for r in runs),
+          "ict_starts": {str(a): {"start": s["start"], "mean_gain": statistics.fmean(s["gains"])}
+                         for a, s in sorted(starts.items())}}
+
+
 def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], repeats: int = 1,
              reader_seed: int = 100, parallel: int = 2,
              recipe: stages.Recipe = stages.Recipe()) -> Dict:
@@ -139,25 +170,31 @@ def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], rep
   if jobs:
     stages.run_side_by_side(clock, "REALM", jobs, parallel)
   gains = {cell: gain(model_dir) for cell, model_dir in runs.items()}
-  grid: Dict[Tuple[int, int], List[float]] = {}
-  for (a, b, _), g in gains.items():
-    grid.setdefault((a, b), []).append(g["gain"])
   result = {"recipe": dataclasses.asdict(recipe), "reader_seed": reader_seed,
             "questions": len(next(iter(gains.values()))["start_hits"]),
-            "components": components(grid),
             "runs": [dict(g, ict_seed=a, realm_seed=b, repeat=r,
                           index_age=stages.index_ages(runs[a, b, r]))
                      for (a, b, r), g in sorted(gains.items())]}
+  return write_summary(out, result, clock.say)
+
+
+def write_summary(out: str, result: Dict, say=print) -> Dict:
+  """``result`` with ``summarize``'s fields of its runs, into ``out/variance.json``."""
+  result = dict(result, **summarize(result["runs"]))
   with open(os.path.join(out, "variance.json"), "w") as f:
     json.dump(result, f, indent=1)
   c = result["components"]
-  clock.say(f"gain {c['mean']:+.3f} over {len(gains)} runs; variance: ICT start "
-            f"{c['ict']:.5f}, REALM seed {c['realm']:.5f}, residual {c['residual']:.5f}, "
-            f"repeats {c['repeats']}")
+  say(f"gain {c['mean']:+.3f} over {len(result['runs'])} runs; variance: ICT start "
+      f"{c['ict']:.5f}, REALM seed {c['realm']:.5f}, residual {c['residual']:.5f}, "
+      f"repeats {c['repeats']}, question noise {result['question_noise']:.5f}")
   return result
 
 
 def main(argv):
+  if argv[1] == "summarize":  # a finished grid's summary again, from its runs (no training)
+    with open(os.path.join(argv[2], "variance.json")) as f:
+      write_summary(argv[2], json.load(f))
+    return
   out, ict_seeds, realm_seeds = argv[1], argv[2], argv[3]
   options, fields = {}, {}
   for arg in argv[4:]:
