@@ -64,6 +64,13 @@ def test_question_noise_and_summary_of_runs():
       {(r["ict_seed"], r["realm_seed"]): [r["gain"]] for r in runs}), nan_ok=True)
   assert got["ict_starts"]["101"]["mean_gain"] == pytest.approx(
       np.mean([r["gain"] for r in runs[2:]]))
+  gains = [r["gain"] for r in runs]
+  assert got["gains"] == pytest.approx({"mean": np.mean(gains), "sd": np.std(gains, ddof=1),
+                                        "n": 4})
+  # One REALM seed: the gains over the ICT starts, no components.
+  one = variance.summarize(runs[::2])
+  assert one["components"] is None and one["gains"]["sd"] == pytest.approx(
+      np.std(gains[::2], ddof=1))
   runs[1] = dict(runs[1], start=runs[1]["start"] + 0.01)
   with pytest.raises(ValueError, match="ICT seed 100: two step-0 recalls"):
     variance.summarize(runs)
@@ -107,3 +114,27 @@ def test_grid_at_the_smallest_size(tmp_path):
   again = helpers.run_process("experiments.dev.variance", str(out), "100,101", "200,201",
                               "world_scale=0.3", "realm_steps=7")
   assert again.returncode != 0 and "records another recipe" in again.stderr
+
+
+@pytest.mark.slow
+def test_ict_plateau_at_the_smallest_size(tmp_path):
+  """The ICT curve scores every kept checkpoint on the non-test questions; its last point is
+  the tables' own zero-shot scoring of the finished start on the same questions."""
+  import json  # pylint: disable=g-import-not-at-top
+  import helpers  # pylint: disable=g-import-not-at-top
+  from experiments import table_seed  # pylint: disable=g-import-not-at-top
+  out = tmp_path / "plateau"
+  proc = helpers.run_process(
+      "experiments.dev.ict_plateau", str(out), "4", "100", "every=2", "world_scale=0.3",
+      "reading_worlds=1", timeout=1200)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  result = json.loads((out / "ict_plateau.json").read_text())
+  curve = result["curves"]["100"]
+  assert [step for step, _, _ in curve] == [2, 4]
+  nontest = (out / "qa-nontest.jsonl").read_text().splitlines()
+  for _, recall, bits in curve:
+    assert len(bits) == len(nontest) and recall == pytest.approx(bits.count("1") / len(bits))
+  data = json.loads((out / "prepared.json").read_text())
+  data["files"]["qa_test"] = str(out / "qa-nontest.jsonl")
+  hits = table_seed.zero_shot_by_question(data, str(out / "ict_100" / "ict"))
+  assert "".join("1" if h else "0" for h in hits) == curve[-1][2]

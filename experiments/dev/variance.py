@@ -14,7 +14,7 @@ seed explains.
 usage: python -m experiments.dev.variance OUT ICT_SEEDS REALM_SEEDS [repeats=N]
            [reader_seed=S] [parallel=P] [recipe_field=value ...]
   e.g. OUT 100,101,102 200,201,202 repeats=2 (seeds 100 or more: dev); results in
-  OUT/variance.json.
+  OUT/variance.json (one REALM seed or one ICT seed: the gains without components).
        python -m experiments.dev.variance summarize OUT   (its summary again, from its runs)
 """
 import dataclasses
@@ -103,9 +103,9 @@ def question_noise(start_hits: str, end_hits: str) -> float:
 
 
 def summarize(runs: Sequence[Dict]) -> Dict:
-  """``components`` of the runs' gains, beside what reads them (NOTES 37): the question noise
-  (``question_noise`` averaged over the runs, the residual's floor) and each ICT start's step-0
-  recall with its cells' mean gain."""
+  """The gains' mean and SD over runs and, with at least 2 x 2 seeds, their ``components``
+  (else None), beside what reads them (NOTES 37): the question noise (``question_noise``
+  averaged over the runs) and each ICT start's step-0 recall with its cells' mean gain."""
   grid: Dict[Tuple[int, int], List[float]] = {}
   for run in runs:
     grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
@@ -116,7 +116,11 @@ def summarize(runs: Sequence[Dict]) -> Dict:
       raise ValueError(f"ICT seed {run['ict_seed']}: two step-0 recalls, {start['start']} and "
                        f"{run['start']}")
     start["gains"].append(run["gain"])
-  return {"components": components(grid),
+  values = [run["gain"] for run in runs]
+  full = len({a for a, _ in grid}) > 1 and len({b for _, b in grid}) > 1
+  return {"components": components(grid) if full else None,
+          "gains": {"mean": statistics.fmean(values), "n": len(values),
+                    "sd": statistics.stdev(values) if len(values) > 1 else float("nan")},
           "question_noise": statistics.fmean(
               question_noise(r["start_hits"], r["end_hits"]) for r in runs),
           "ict_starts": {str(a): {"start": s["start"], "mean_gain": statistics.fmean(s["gains"])}
@@ -183,10 +187,10 @@ def write_summary(out: str, result: Dict, say=print) -> Dict:
   result = dict(result, **summarize(result["runs"]))
   with open(os.path.join(out, "variance.json"), "w") as f:
     json.dump(result, f, indent=1)
-  c = result["components"]
-  say(f"gain {c['mean']:+.3f} over {len(result['runs'])} runs; variance: ICT start "
-      f"{c['ict']:.5f}, REALM seed {c['realm']:.5f}, residual {c['residual']:.5f}, "
-      f"repeats {c['repeats']}, question noise {result['question_noise']:.5f}")
+  c, g = result["components"], result["gains"]
+  say(f"gain {g['mean']:+.3f} (SD {g['sd']:.3f}) over {g['n']} runs; question noise "
+      f"{result['question_noise']:.5f}" + (f"; variance: ICT start {c['ict']:.5f}, REALM seed "
+      f"{c['realm']:.5f}, residual {c['residual']:.5f}, repeats {c['repeats']}" if c else ""))
   return result
 
 
