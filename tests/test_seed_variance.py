@@ -130,7 +130,10 @@ def test_ict_plateau_at_the_smallest_size(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   result = json.loads((out / "ict_plateau.json").read_text())
   curve = result["curves"]["100"]
-  assert [step for step, _, _ in curve] == [2, 4]
+  # Checkpoints fall on the trainer's loop boundaries: the untrained start and the last step
+  # at least, in order.
+  steps = [step for step, _, _ in curve]
+  assert steps[0] == 0 and steps[-1] == 4 and steps == sorted(set(steps))
   nontest = (out / "qa-nontest.jsonl").read_text().splitlines()
   for _, recall, bits in curve:
     assert len(bits) == len(nontest) and recall == pytest.approx(bits.count("1") / len(bits))

@@ -1,9 +1,9 @@
 r"""Dev only (issue 54, NOTES 37): does the ICT start stop moving, and do its seeds then agree?
 
 Trains ICT on the tables' world for ``STEPS`` steps per seed (the tables' recipe otherwise, its
-schedule over ``STEPS``), keeping a checkpoint every ``every`` steps, into ``OUT/ict_<seed>/ict``
-(where ``experiments.dev.variance`` looks for its ICT starts, so a grid with
-``ict_steps=STEPS`` in the same OUT starts REALM from these), and scores every checkpoint's
+schedule over ``STEPS``), keeping the untrained start and a checkpoint every ``every`` steps, in
+``OUT/ict_<seed>/ict`` (where ``experiments.dev.variance`` looks for its ICT starts, so a grid
+with ``ict_steps=STEPS`` in the same OUT starts REALM from these), and scores every checkpoint's
 zero-shot recall@5 on the world's non-test questions (``OUT/qa-nontest.jsonl``), per question.
 Results in ``OUT/ict_plateau.json``: ``{seed: [[step, recall, hits], ...]}``.
 

@@ -107,10 +107,9 @@ def summarize(runs: Sequence[Dict]) -> Dict:
   (else None), beside what reads them (NOTES 37): the question noise (``question_noise``
   averaged over the runs) and each ICT start's step-0 recall with its cells' mean gain."""
   grid: Dict[Tuple[int, int], List[float]] = {}
-  for run in runs:
-    grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
   starts: Dict[int, Dict] = {}
   for run in runs:
+    grid.setdefault((run["ict_seed"], run["realm_seed"]), []).append(run["gain"])
     start = starts.setdefault(run["ict_seed"], {"start": run["start"], "gains": []})
     if start["start"] != run["start"]:
       raise ValueError(f"ICT seed {run['ict_seed']}: two step-0 recalls, {start['start']} and "
