@@ -35,19 +35,19 @@ def checkpoints(model_dir: str) -> List[str]:
 
 def run(out: str, steps: int, seeds: List[int], every: int = 400,
         recipe: stages.Recipe = stages.Recipe()) -> Dict:
-  if min(seeds) < 100:
-    raise ValueError("dev seeds are 100 or more (0-11 are the tables' test seeds)")
+  variance.check_dev_seeds(seeds)
   clock = Clock("ict_plateau")
   recipe = dataclasses.replace(recipe, ict_steps=steps)
   data = table_seed.prepare(clock, out, table_seed.TableSettings(), recipe)
   questions = variance.nontest_questions(data["files"], os.path.join(out, "qa-nontest.jsonl"))
   task = table_seed.realm_task(data, questions)
   model = task.build_model()
-  keep = {"trainer.checkpoint_interval": every, "trainer.max_to_keep": steps // every + 1}
+  stage = stages.ict_stage(recipe, data["files"]["vocab"], data["dirs"]["ict"])["ict"]
+  stage = stage._replace(settings=dict(
+      stage.settings, **{"trainer.checkpoint_interval": every,
+                         "trainer.max_to_keep": steps // every + 1}))
   curves = {}
   for seed in seeds:
-    stage = stages.ict_stage(recipe, data["files"]["vocab"], data["dirs"]["ict"])["ict"]
-    stage = stage._replace(settings=dict(stage.settings, **keep))
     model_dir = stages.train_warm_starts(clock, os.path.join(out, f"ict_{seed}"),
                                          {"ict": stage}, seed=seed)["ict"][0]
     curve = []
@@ -56,7 +56,7 @@ def run(out: str, steps: int, seeds: List[int], every: int = 400,
                             block_embedder=model.block_embedder)
       hits = task.qa_hits(model, task.corpus_index(model), task.validation_builder(), k=5)
       bits = "".join("1" if h else "0" for h in hits)
-      step = int(path.rsplit("-", 1)[1])
+      step = model_dir_lib.checkpoint_step(path)
       curve.append([step, bits.count("1") / len(bits), bits])
       clock.say(f"ICT seed {seed}, step {step}: dev recall@5 {curve[-1][1]:.3f}")
     curves[str(seed)] = curve
@@ -69,9 +69,8 @@ def run(out: str, steps: int, seeds: List[int], every: int = 400,
 def main(argv):
   options = dict(arg.split("=", 1) for arg in argv[4:])
   every = int(options.pop("every", 400))
-  fields = {k: type(getattr(stages.Recipe(), k))(v) for k, v in options.items()}
   run(argv[1], int(argv[2]), [int(s) for s in argv[3].split(",")], every=every,
-      recipe=dataclasses.replace(stages.Recipe(), **fields))
+      recipe=variance.recipe_with(options))
 
 
 if __name__ == "__main__":

@@ -126,14 +126,26 @@ def summarize(runs: Sequence[Dict]) -> Dict:
                          for a, s in sorted(starts.items())}}
 
 
+def check_dev_seeds(seeds: Sequence[int]) -> None:
+  if min(seeds) < 100:
+    raise ValueError("dev seeds are 100 or more (0-11 are the tables' test seeds)")
+
+
+def recipe_with(fields: Dict[str, str]) -> stages.Recipe:
+  """The tables' recipe with ``fields`` (``name: text`` from the command line, each converted
+  to its field's type)."""
+  default = stages.Recipe()
+  return dataclasses.replace(default, **{k: type(getattr(default, k))(v)
+                                         for k, v in fields.items()})
+
+
 def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], repeats: int = 1,
              reader_seed: int = 100, parallel: int = 2,
              recipe: stages.Recipe = stages.Recipe()) -> Dict:
   """Every (ICT seed, REALM seed) cell once, the first cell ``repeats`` times in all, each REALM
   run validated every ``TableSettings.validation_every`` steps on the non-test questions; the
   gains and their ``components`` into ``out/variance.json``."""
-  if min(list(ict_seeds) + list(realm_seeds) + [reader_seed]) < 100:
-    raise ValueError("dev seeds are 100 or more (0-11 are the tables' test seeds)")
+  check_dev_seeds(list(ict_seeds) + list(realm_seeds) + [reader_seed])
   clock, table = Clock("variance"), table_seed.TableSettings()
   os.makedirs(out, exist_ok=True)
   # Finished stages are skipped by directory: a rerun must be the same recipe.
@@ -205,10 +217,9 @@ def main(argv):
     if key in ("repeats", "reader_seed", "parallel"):
       options[key] = int(value)
     else:
-      kind = type(getattr(stages.Recipe(), key))
-      fields[key] = kind(value)
+      fields[key] = value
   run_grid(out, [int(s) for s in ict_seeds.split(",")], [int(s) for s in realm_seeds.split(",")],
-           recipe=dataclasses.replace(stages.Recipe(), **fields), **options)
+           recipe=recipe_with(fields), **options)
 
 
 if __name__ == "__main__":
