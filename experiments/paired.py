@@ -106,9 +106,13 @@ def holm(p: Sequence[float], alpha: float = 0.05) -> List[Dict]:
 def comparison(runs: Sequence[Dict], outcome: str, a: str, b: str,
                outcome_of: Callable[[Dict, str, str], str]) -> Dict:
   """:func:`paired_difference` of rows ``a`` and ``b`` (``outcome_of(run, outcome, row)``: a
-  row's per-question 0/1 string in one run) with its ``p`` values."""
-  d = paired_difference([outcome_of(r, outcome, a) for r in runs],
-                        [outcome_of(r, outcome, b) for r in runs])
+  row's per-question 0/1 string in one run, None where the run lacks the row) with its ``p``
+  values, over the runs that have both rows."""
+  pairs = [(outcome_of(r, outcome, a), outcome_of(r, outcome, b)) for r in runs]
+  pairs = [p for p in pairs if None not in p]
+  if not pairs:
+    raise ValueError(f"no run has both {a!r} and {b!r} for {outcome!r}")
+  d = paired_difference(*zip(*pairs))
   d["p"] = p_values(d)
   return d
 

@@ -445,8 +445,10 @@ def seed_outcomes(first: Dict[str, Sequence[int]], em: Dict[str, Sequence[bool]]
   return out
 
 
-def outcome_of(run: Dict, outcome: str, row: str) -> str:
-  return run[outcome][row]
+def outcome_of(run: Dict, outcome: str, row: str) -> Optional[str]:
+  """A row's per-question 0/1 string in one run; None where the run lacks the row (a seed
+  without Open-QA rows counts in no comparison of them: NOTES 37)."""
+  return run[outcome].get(row)
 
 
 def analysis(runs: Sequence[Dict]) -> Dict[str, List]:
@@ -458,17 +460,25 @@ def analysis(runs: Sequence[Dict]) -> Dict[str, List]:
 def runs_from_records(questions_csv: str, openqa_csv: str, seeds: Sequence[int]) -> List[Dict]:
   """Each seed's :func:`seed_outcomes` from the committed per-question records
   (``real_text_questions.csv``: each retriever's first-hit rank per test question;
-  ``real_text_openqa_questions.csv``: each Open-QA row's exact match per question)."""
+  ``real_text_openqa_questions.csv``: each Open-QA row's exact match per question). A seed
+  with neither of its Open-QA columns (REALM test seed 0, NOTES 37) has its zero-shot rows
+  only; one with a single one is an error."""
   with open(questions_csv, newline="", encoding="utf-8") as f:
     ranks = list(csv.DictReader(f))
   with open(openqa_csv, newline="", encoding="utf-8") as f:
-    em = list(csv.DictReader(f))
+    reader = csv.DictReader(f)
+    columns, em = reader.fieldnames, list(reader)
   runs = []
   for s in seeds:
     first = {ICT: [int(r["ict"]) for r in ranks], REALM: [int(r[f"realm_{s}"]) for r in ranks],
              BM25: [int(r["bm25"]) for r in ranks]}
-    exact = {ORQA: [r["orqa_em"] == "1" for r in em],
-             REALM: [r[f"realm_{s}_openqa_em"] == "1" for r in em],
-             MIXED: [r[f"realm_{s}_mixed_em"] == "1" for r in em]}
+    exact = {ORQA: [r["orqa_em"] == "1" for r in em]}
+    own = {REALM: f"realm_{s}_openqa_em", MIXED: f"realm_{s}_mixed_em"}
+    present = [c in columns for c in own.values()]
+    if any(present) and not all(present):
+      raise ValueError(f"{openqa_csv}: REALM seed {s} has one of {sorted(own.values())} but "
+                       "not the other")
+    if all(present):
+      exact.update({row: [r[c] == "1" for r in em] for row, c in own.items()})
     runs.append(seed_outcomes(first, exact))
   return runs

@@ -176,6 +176,54 @@ def test_the_analysis_reads_the_committed_records(tmp_path):
          text_realm.MIXED: em[f"realm_{seed}_mixed"]})
 
 
+def test_a_seed_without_openqa_rows_counts_in_the_zero_shot_comparisons_only(tmp_path):
+  """NOTES 37: REALM test seed 0 has zero-shot records and no Open-QA ones. ``analysis`` then
+  takes (a) and REALM - BM25 over every seed and (b) and the mixed row over the seeds with
+  Open-QA rows, each equal to ``paired_difference`` over those seeds alone; a seed with one
+  Open-QA column of its two is refused."""
+  from experiments import real_text  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(2)
+  n, seeds, full = 40, (0, 1, 2, 3), (1, 2, 3)
+  ranks = {k: rng.integers(0, 21, size=n) for k in ("bm25", "ict")}
+  ranks.update({f"realm_{s}": rng.integers(0, 21, size=n) for s in seeds})
+  records = [collections.namedtuple("R", "question answers")(f"q{i}?", ["a"]) for i in range(n)]
+  questions = tmp_path / "questions.csv"
+  real_text.write_question_records(str(questions), records,
+                                   [dict(key=k, first=v) for k, v in ranks.items()])
+  em = {"orqa": rng.random(n) < 0.4}
+  em.update({f"realm_{s}_{row}": rng.random(n) < 0.5 for s in full for row in ("openqa", "mixed")})
+
+  def write(path, columns):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+      writer = csv.writer(f)
+      writer.writerow(["question_index", "question"] + [f"{k}_em" for k in columns])
+      for i in range(n):
+        writer.writerow([i, f"q{i}?"] + [int(em[k][i]) for k in columns])
+
+  openqa = tmp_path / "openqa.csv"
+  write(openqa, list(em))
+  runs = text_realm.runs_from_records(str(questions), str(openqa), seeds)
+  assert set(runs[0]["em"]) == {text_realm.ORQA}
+  assert set(runs[1]["em"]) == {text_realm.ORQA, text_realm.REALM, text_realm.MIXED}
+  result = text_realm.analysis(runs)
+  hit5 = lambda key: text_realm.hits(ranks[key], 5)
+  as_string = lambda values: "".join("1" if x else "0" for x in values)
+  expected = {
+      "(a)": ([hit5(f"realm_{s}") for s in seeds], [hit5("ict")] * 4),
+      "(b)": ([as_string(em[f"realm_{s}_openqa"]) for s in full], [as_string(em["orqa"])] * 3),
+      "REALM retriever": ([as_string(em[f"realm_{s}_mixed"]) for s in full],
+                          [as_string(em["orqa"])] * 3),
+      "REALM - BM25": ([hit5(f"realm_{s}") for s in seeds], [hit5("bm25")] * 4)}
+  for c in result["primary"] + result["secondary"]:
+    (a, b), = [v for k, v in expected.items() if c["label"].startswith(k)]
+    d = paired.paired_difference(a, b)
+    assert c["per_seed"] == pytest.approx(d["per_seed"]) and len(c["per_seed"]) == len(a)
+    assert c["questions_ci"] == pytest.approx(d["questions_ci"])
+  write(openqa, [k for k in em if k != "realm_2_mixed"])
+  with pytest.raises(ValueError, match="REALM seed 2 has one of"):
+    text_realm.runs_from_records(str(questions), str(openqa), seeds)
+
+
 def test_the_distractor_phase_feeds_realm(tmp_path, monkeypatch):
   """With ``distractor_steps`` the reader's second phase starts from the reading warm start's
   reader with ``distractor_blocks`` distractors, and REALM starts from it, its towers at
