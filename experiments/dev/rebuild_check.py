@@ -1,0 +1,149 @@
+"""Is a rebuilt real-text start the committed one? (NOTES 37: issue 53's test directory was lost
+with its machine, and REALM test seeds 1-3 start from a rebuild at fc79c9e.)
+
+    python -m experiments.dev.rebuild_check WORK [OUT.json]
+
+WORK is the rebuilt run's ``work/``. Compared with what is committed:
+- the salient-span pre-training data's counts against ``real_text_dev/pretrain_done.json``;
+- each retriever's per-question first-hit rank on the test questions (``first_hits`` of its
+  saved top 20) against its column of ``results/real_text_questions.csv``, the questions
+  themselves first;
+- each reader phase's validation curve and masked-span accuracy against the dev run that
+  chose the recipe (``results/real_text_dev/minilm_mlm_800*_dev.json``);
+- the ORQA row's per-question exact match, once the rebuild has its Open-QA evaluation.
+Only stages the rebuild has finished are compared. Prints a summary; OUT.json keeps it all.
+"""
+
+import csv
+import json
+import os
+import sys
+from typing import Dict, Mapping, Sequence
+
+import numpy as np
+
+from experiments import real_text
+from experiments import text_stages as ts
+from realm_tf.data import manifests
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
+# Committed column -> the rebuilt stage's saved top blocks (``real_text.retrieval_rows``).
+RETRIEVERS = {"bm25": "bm25/top_ids.npy", "minilm": "minilm/realm_top_ids.npy",
+              "minilm_mean": "minilm/mean_top_ids.npy", "ict": "ict/top_ids.npy",
+              "hybrid": "hybrid/top_ids.npy"}
+# Rebuilt reader phase (``text_realm``'s directories) -> (committed dev file, its part).
+READERS = {"minilm_mlm": ("minilm_mlm_800_dev.json", "mlm"),
+           "mlm_reader": ("minilm_mlm_800_dev.json", "reading"),
+           "mlm_reader_distract": ("minilm_mlm_800_read_d2_dev.json", "train")}
+
+
+def compare_ranks(committed: Sequence[int], rebuilt: Sequence[int]) -> Dict:
+  """Two retrievers' first-hit ranks on the same questions: how many are equal, each one's
+  recall@5, and the questions the rebuild gains and loses at 5."""
+  a, b = np.asarray(committed), np.asarray(rebuilt)
+  if a.shape != b.shape:
+    raise ValueError(f"{a.size} committed questions, {b.size} rebuilt")
+  return {"questions": int(a.size), "equal_ranks": int((a == b).sum()),
+          "committed_recall@5": round(float((a < 5).mean()), 4),
+          "rebuilt_recall@5": round(float((b < 5).mean()), 4),
+          "gained@5": int(((b < 5) & (a >= 5)).sum()), "lost@5": int(((a < 5) & (b >= 5)).sum())}
+
+
+def compare_curves(committed: Mapping[str, Sequence], rebuilt: Mapping[str, Sequence]) -> Dict:
+  """Validation curves (``{metric: [[step, value], ...]}``) of the metrics both have: the
+  largest absolute difference at a shared step, and whether the steps agree."""
+  out = {}
+  for metric in sorted(set(committed) & set(rebuilt)):
+    a, b = dict(map(tuple, committed[metric])), dict(map(tuple, rebuilt[metric]))
+    shared = sorted(set(a) & set(b))
+    out[metric] = {"steps_agree": sorted(a) == sorted(b),
+                   "max_abs_difference": round(max((abs(a[s] - b[s]) for s in shared),
+                                                   default=float("nan")), 4),
+                   "committed": [[s, a[s]] for s in sorted(a)],
+                   "rebuilt": [[s, b[s]] for s in sorted(b)]}
+  return out
+
+
+def _accuracy(d: Dict) -> Dict[str, float]:
+  """A masked-span accuracy record's token accuracies by setting (``null``, ``own_block``)."""
+  return {k: round(v["token"]["value"], 4) for k, v in d.items() if isinstance(v, dict)
+          and "token" in v}
+
+
+def read_csv(path: str):
+  with open(path, newline="", encoding="utf-8") as f:
+    return list(csv.DictReader(f))
+
+
+def check(work: str, results: str = RESULTS) -> Dict:
+  out = {"work": os.path.abspath(work)}
+  committed = read_csv(os.path.join(results, "real_text_questions.csv"))
+  if os.path.exists(os.path.join(work, "qa", "squad-test.jsonl")):
+    records = ts.test_questions(work, 0)
+    same = [r.question for r in records] == [c["question"] for c in committed]
+    out["questions"] = {"committed": len(committed), "rebuilt": len(records), "same": same}
+    if same:
+      bodies = [b["body"] for b in manifests.read_blocks(os.path.join(work, "blocks"))]
+      for column, top in RETRIEVERS.items():
+        if os.path.exists(os.path.join(work, top)):
+          ranks = ts.first_hits(np.load(os.path.join(work, top)), bodies, records)
+          out[column] = compare_ranks([int(c[column]) for c in committed], ranks)
+  pretrain = os.path.join(work, "pretrain_done.json")
+  if os.path.exists(pretrain):
+    with open(os.path.join(results, "real_text_dev", "pretrain_done.json"), encoding="utf-8") as f:
+      dev = json.load(f)
+    with open(pretrain, encoding="utf-8") as f:
+      rebuilt = json.load(f)
+    counts = [k for k in dev if k not in ("seconds", "stats")]
+    out["pretrain_counts"] = {"same": all(dev[k] == rebuilt.get(k) for k in counts),
+                              "differing": {k: [dev[k], rebuilt.get(k)] for k in counts
+                                            if dev[k] != rebuilt.get(k)}}
+  for name, (dev_file, part) in READERS.items():
+    done = os.path.join(work, f"{name}_done.json")
+    if not os.path.exists(done):
+      continue
+    with open(os.path.join(results, "real_text_dev", dev_file), encoding="utf-8") as f:
+      dev = json.load(f)
+    with open(done, encoding="utf-8") as f:
+      rebuilt = json.load(f)
+    out[name] = {"curves": compare_curves(dev[part]["validation"], rebuilt["validation"])}
+    accuracy = os.path.join(work, f"{name}_accuracy.json")
+    if part != "mlm" and "accuracy" in dev and os.path.exists(accuracy):
+      with open(accuracy, encoding="utf-8") as f:
+        out[name]["accuracy"] = {"committed": _accuracy(dev["accuracy"]),
+                                 "rebuilt": _accuracy(json.load(f))}
+  openqa = os.path.join(work, "openqa_eval", "done.json")
+  if os.path.exists(openqa):
+    committed_em = [int(r["orqa_em"]) for r in
+                    read_csv(os.path.join(results, "real_text_openqa_questions.csv"))]
+    with open(openqa, encoding="utf-8") as f:
+      test_file = json.load(f)["test_file"]
+    rebuilt_em = [e for e, _ in real_text.openqa_answers(
+        work, real_text.openqa_sources({})["orqa"], test_file)]
+    out["orqa_em"] = {"questions": len(committed_em),
+                      "equal": int(sum(a == b for a, b in zip(committed_em, rebuilt_em))),
+                      "committed": round(float(np.mean(committed_em)), 4),
+                      "rebuilt": round(float(np.mean(rebuilt_em)), 4)}
+  return out
+
+
+def main(argv: Sequence[str]) -> None:
+  if len(argv) not in (2, 3):
+    raise SystemExit(__doc__)
+  result = check(argv[1])
+  for key, value in result.items():
+    if isinstance(value, dict) and "curves" in value:
+      for metric, c in value["curves"].items():
+        print(f"{key} {metric}: steps agree {c['steps_agree']}, largest difference "
+              f"{c['max_abs_difference']}")
+      if "accuracy" in value:
+        print(f"{key} accuracy: {value['accuracy']}")
+    else:
+      print(f"{key}: {value}")
+  if len(argv) == 3:
+    with open(argv[2], "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,51 @@
+"""``experiments/dev/rebuild_check.py``: a rebuilt real-text start against the committed records
+(NOTES 37), on constructed records."""
+
+import json
+import os
+
+from experiments.dev import rebuild_check
+
+
+def test_ranks_are_compared_question_by_question():
+  committed = [0, 4, 5, 20, 3, 7]
+  rebuilt = [0, 5, 4, 20, 2, 7]
+  assert rebuild_check.compare_ranks(committed, rebuilt) == {
+      "questions": 6, "equal_ranks": 3, "committed_recall@5": round(3 / 6, 4),
+      "rebuilt_recall@5": round(3 / 6, 4), "gained@5": 1, "lost@5": 1}
+
+
+def test_reader_curves_and_accuracy_are_compared_with_the_dev_run(tmp_path):
+  """The pre-training data's counts (not its time) against the dev run's; a rebuilt reader
+  phase's validation curve against its dev file's, step by step, and its
+  masked-span accuracy; phases the rebuild has not reached are left out."""
+  results, work = tmp_path / "results", tmp_path / "work"
+  (results / "real_text_dev").mkdir(parents=True)
+  work.mkdir()
+  (results / "real_text_questions.csv").write_text("question_index,question,answers,ict\n")
+  token = lambda v: {"token": {"value": v, "lo": 0, "hi": 1}}
+  dev = {"mlm": {"validation": {"mlm_accuracy": [[200, 0.15], [400, 0.23]]}},
+         "reading": {"validation": {"mlm_accuracy": [[100, 0.08]]}},
+         "accuracy": {"sentences": 5, "null": token(0.1), "own_block": token(0.2)}}
+  (results / "real_text_dev" / "minilm_mlm_800_dev.json").write_text(json.dumps(dev))
+  (work / "minilm_mlm_done.json").write_text(json.dumps(
+      {"validation": {"mlm_accuracy": [[200, 0.15], [400, 0.25]], "loss": [[200, 1.0]]}}))
+  (work / "mlm_reader_done.json").write_text(json.dumps(
+      {"validation": {"mlm_accuracy": [[100, 0.08]]}}))
+  (work / "mlm_reader_accuracy.json").write_text(json.dumps(
+      {"sentences": 5, "null": token(0.1), "own_block": token(0.3)}))
+  (results / "real_text_dev" / "pretrain_done.json").write_text(json.dumps(
+      {"sentences": 9, "spans_by_label": {"DATE": 2, "ORG": 3}, "seconds": 4.0}))
+  (work / "pretrain_done.json").write_text(json.dumps(
+      {"sentences": 9, "spans_by_label": {"DATE": 2, "ORG": 4}, "seconds": 5.0}))
+  out = rebuild_check.check(str(work), str(results))
+  assert set(out) == {"work", "pretrain_counts", "minilm_mlm", "mlm_reader"}
+  assert out["pretrain_counts"] == {"same": False, "differing": {"spans_by_label": [
+      {"DATE": 2, "ORG": 3}, {"DATE": 2, "ORG": 4}]}}
+  mlm = out["minilm_mlm"]["curves"]
+  assert list(mlm) == ["mlm_accuracy"] and mlm["mlm_accuracy"]["steps_agree"]
+  assert mlm["mlm_accuracy"]["max_abs_difference"] == 0.02
+  assert out["mlm_reader"]["curves"]["mlm_accuracy"]["max_abs_difference"] == 0
+  assert out["mlm_reader"]["accuracy"] == {"committed": {"null": 0.1, "own_block": 0.2},
+                                           "rebuilt": {"null": 0.1, "own_block": 0.3}}
+  assert os.path.basename(out["work"]) == "work"
