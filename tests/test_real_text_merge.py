@@ -1,0 +1,127 @@
+"""``experiments/real_text_merge.py``: REALM test seeds from a rebuilt output directory added to
+the committed real-text results (NOTES 37), on constructed results."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import paired
+from experiments import real_text as rt
+from experiments import real_text_merge as merge_lib
+from experiments import text_realm
+
+N, M = 30, 12  # test questions, Open-QA test questions
+
+
+def write_csv(path, fields, rows):
+  with open(path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.writer(f)
+    writer.writerow(fields)
+    writer.writerows(rows)
+
+
+def results_dir(path, seeds, rng, openqa_seeds=None):
+  """A results directory as ``real_text.write_results`` leaves it, with REALM ``seeds`` (their
+  Open-QA rows for ``openqa_seeds``, default all) and random records; its work directory's done
+  files beside it."""
+  openqa_seeds = seeds if openqa_seeds is None else openqa_seeds
+  results, work = path / "results", path / "work"
+  (results / merge_lib.RUNS).mkdir(parents=True)
+  ranks = ["bm25", "ict"] + [f"realm_{s}" for s in seeds]
+  write_csv(results / "real_text_questions.csv", ["question_index", "question", "answers"] + ranks,
+            [[i, f"q{i}?", '["a"]'] + list(rng.integers(0, 21, len(ranks))) for i in range(N)])
+  em = ["orqa"] + [f"realm_{s}_{r}" for s in openqa_seeds for r in ("mixed", "openqa")]
+  write_csv(results / "real_text_openqa_questions.csv",
+            ["question_index", "question"] + [f"{k}_{c}" for k in em for c in ("em", "prediction")],
+            [[i, f"o{i}?"] + [x for _ in em for x in (int(rng.random() < 0.5), "x")]
+             for i in range(M)])
+  labels = ["BM25", "MiniLM + ICT (REALM tower)"] + [rt.realm_label(s) for s in seeds]
+  models = [rt.OPENQA_AFTER] + [label(s) for s in openqa_seeds
+                                for label in (rt.mixed_label, rt.realm_openqa_label)]
+  for name, first, rows in ((rt.RESULTS_NAME, "retriever", labels),
+                            (rt.OPENQA_NAME, "model", models)):
+    write_csv(results / f"{name}.csv", [first, "recall@5"], [[l, f"{rng.random():.4f}"]
+                                                              for l in rows])
+    (results / f"{name}.md").write_text("\n".join(
+        ["# title", "", f"| {first} | recall@5 |", "|---|---|"]
+        + [f"| {l} | {rng.random():.3f} |" for l in rows] + ["", "| stage | seconds |",
+                                                              "|---|---|", "| x | 1.0 |", ""]))
+  (results / "real_text_realm.md").write_text(
+      "# REALM\n\nreaders\n\n| seed | steps | minutes |\n|---|---|---|\n| old | row | here |\n\n"
+      "## The pre-registered analysis\n\nNot computed.\n")
+  for s in seeds:
+    run = {"steps": 300, "seconds": 60.0 * s, "indexes_built": 4, "index_age": {"mean": 7.0},
+           "validation": {"held_out_recall@5": [[0, 0.2], [300, 0.1 * s]]}}
+    (work / f"realm_{s}_test").mkdir(parents=True)
+    for name in (f"realm_{s}_done.json", f"realm_{s}_test/done.json",
+                 f"realm_{s}_openqa_done.json"):
+      (work / name).write_text(json.dumps(run))
+    if s not in openqa_seeds:
+      (results / merge_lib.RUNS / f"realm_{s}_done.json").write_text(json.dumps(run))
+  return results
+
+
+def rows(path):
+  with open(path, newline="", encoding="utf-8") as f:
+    return list(csv.DictReader(f))
+
+
+def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
+  rng = np.random.default_rng(0)
+  committed = results_dir(tmp_path / "committed", [0], rng, openqa_seeds=[])
+  before = rows(committed / "real_text_questions.csv")
+  rebuilt = tmp_path / "rebuilt"
+  new = results_dir(rebuilt, [1], rng)
+  merge_lib.merge(str(rebuilt), [1], str(committed), note="NOTE")
+  after = rows(committed / "real_text_questions.csv")
+  # The committed columns stay as they were (the rebuild's ICT differs here); seed 1's is added.
+  assert [{k: r[k] for k in before[0]} for r in after] == before
+  assert [r["realm_1"] for r in after] == [r["realm_1"] for r in rows(new / "real_text_questions.csv")]
+  openqa = rows(committed / "real_text_openqa_questions.csv")
+  assert "realm_0_openqa_em" not in openqa[0]
+  assert [r["realm_1_mixed_em"] for r in openqa] == [
+      r["realm_1_mixed_em"] for r in rows(new / "real_text_openqa_questions.csv")]
+  # The table rows: in the CSV at its end, in the Markdown after the first table's last row.
+  md = (committed / "real_text_retrieval.md").read_text().splitlines()
+  at = md.index(next(l for l in md if l.startswith(f"| {rt.realm_label(1)} |")))
+  assert md[at - 1].startswith(f"| {rt.realm_label(0)} |") and md[at + 1] == ""
+  assert [r["retriever"] for r in rows(committed / "real_text_retrieval.csv")][-2:] == [
+      rt.realm_label(0), rt.realm_label(1)]
+  assert [r["model"] for r in rows(committed / "real_text_openqa.csv")][-2:] == [
+      rt.mixed_label(1), rt.realm_openqa_label(1)]
+  assert sorted(os.listdir(committed / merge_lib.RUNS)) == [
+      "realm_0_done.json", "realm_1_done.json", "realm_1_openqa_done.json",
+      "realm_1_test_done.json"]
+  realm = (committed / "real_text_realm.md").read_text()
+  assert "| old | row | here |" not in realm and "| 0 | 300 | 0.0 | 4 | 7.0 |" in realm
+  assert "| 1 | 300 | 1.0 | 4 | 7.0 | 0.200 -> 0.100 (step 300) |" in realm
+  assert "NOTE" in realm and "Not computed: seeds 0, 1 of 0, 1, 2, 3 are merged." in realm
+  with pytest.raises(merge_lib.MergeError, match="already has"):
+    merge_lib.merge(str(rebuilt), [1], str(committed))
+  # Once every pre-registered seed is in, the analysis is the records' (NOTES 37's rule).
+  rebuilt23 = tmp_path / "rebuilt23"
+  results_dir(rebuilt23, [2, 3], rng)
+  merge_lib.merge(str(rebuilt23), [2, 3], str(committed))
+  realm = (committed / "real_text_realm.md").read_text()
+  result = text_realm.analysis(text_realm.runs_from_records(
+      str(committed / "real_text_questions.csv"),
+      str(committed / "real_text_openqa_questions.csv"), [0, 1, 2, 3]))
+  assert [len(c["per_seed"]) for c in result["primary"]] == [4, 3]
+  for c in result["primary"] + result["secondary"]:
+    assert paired.analysis_line(c) in realm
+
+
+def test_records_of_other_questions_are_refused(tmp_path):
+  rng = np.random.default_rng(1)
+  committed = results_dir(tmp_path / "committed", [0], rng, openqa_seeds=[])
+  rebuilt = tmp_path / "rebuilt"
+  new = results_dir(rebuilt, [1], rng)
+  fields = list(rows(new / "real_text_questions.csv")[0])
+  changed = rows(new / "real_text_questions.csv")
+  changed[3]["question"] = "another?"
+  write_csv(new / "real_text_questions.csv", fields, [list(r.values()) for r in changed])
+  with pytest.raises(merge_lib.MergeError, match="not about the questions"):
+    merge_lib.merge(str(rebuilt), [1], str(committed))
