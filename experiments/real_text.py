@@ -541,6 +541,23 @@ def plot_realm_curves(path: str, runs: Dict[int, Dict]) -> str:
   return path
 
 
+def realm_seed_row(seed: int, run: Dict) -> str:
+  """A REALM run's line in ``real_text_realm.md``'s seed table, from its run record."""
+  age = run["index_age"]["mean"]
+  return (f"| {seed} | {run['steps']} | {run['seconds'] / 60:.1f} | {run['indexes_built']} | "
+          f"{'-' if age is None else f'{age:.1f}'} | "
+          + " | ".join(first_last(validation_curve(run, tag)) for tag in
+                       ("held_out_recall@5", "retrieval_utility", "qa_recall@5")) + " |")
+
+
+def analysis_lines(result: Dict[str, List]) -> List[str]:
+  """``text_realm.analysis``'s result as Markdown lines."""
+  return (["Primary (Holm over both):"]
+          + [paired.analysis_line(c) for c in result["primary"]]
+          + ["", "Secondary (95%, unadjusted):"]
+          + [paired.analysis_line(c) for c in result["secondary"]])
+
+
 def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]:
   """``results/real_text_realm.md``: the pre-training data's counts, the MLM reader's
   masked-span accuracy, each REALM run's curves and, once every seed has all its rows, the
@@ -580,14 +597,7 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
               "recall@5; first -> last):", "",
               "| seed | steps | minutes | indexes built | mean index age | held-out recall@5 | "
               "retrieval utility | dev recall@5 |", "|---|---|---|---|---|---|---|---|"]
-    for seed in seeds:
-      r = stages[f"realm_{seed}_train"]
-      age = r["index_age"]["mean"]
-      lines.append(f"| {seed} | {r['steps']} | {r['seconds'] / 60:.1f} | {r['indexes_built']} | "
-                   f"{'-' if age is None else f'{age:.1f}'} | "
-                   f"{first_last(validation_curve(r, 'held_out_recall@5'))} | "
-                   f"{first_last(validation_curve(r, 'retrieval_utility'))} | "
-                   f"{first_last(validation_curve(r, 'qa_recall@5'))} |")
+    lines += [realm_seed_row(seed, stages[f"realm_{seed}_train"]) for seed in seeds]
     plot = plot_realm_curves(os.path.join(results, REALM_NAME + ".png"),
                              {seed: stages[f"realm_{seed}_train"] for seed in seeds})
     lines += ["", f"![curves]({os.path.basename(plot)})"]
@@ -597,13 +607,9 @@ def write_realm_results(results: str, stages: Dict[str, Dict]) -> Dict[str, str]
     runs = text_realm.runs_from_records(os.path.join(results, QUESTIONS_NAME + ".csv"),
                                         os.path.join(results, OPENQA_QUESTIONS_NAME + ".csv"),
                                         tested)
-    result = text_realm.analysis(runs)
     lines += [f"Seeds {', '.join(map(str, tested))}; every REALM run starts from the one ICT "
               "tower and MiniLM reader, and ORQA is one run: the interval over seeds is "
-              "REALM's own spread.", "", "Primary (Holm over both):"]
-    lines += [paired.analysis_line(c) for c in result["primary"]]
-    lines += ["", "Secondary (95%, unadjusted):"]
-    lines += [paired.analysis_line(c) for c in result["secondary"]]
+              "REALM's own spread.", ""] + analysis_lines(text_realm.analysis(runs))
   else:
     lines.append("Not computed: it needs every REALM seed's test recall and Open-QA rows.")
   path = os.path.join(results, REALM_NAME + ".md")

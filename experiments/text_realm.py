@@ -446,9 +446,9 @@ def seed_outcomes(first: Dict[str, Sequence[int]], em: Dict[str, Sequence[bool]]
 
 
 def outcome_of(run: Dict, outcome: str, row: str) -> Optional[str]:
-  """A row's per-question 0/1 string in one run; None where the run lacks the row (a seed
+  """A row's per-question 0/1 string in one run; None for an Open-QA row the run lacks (a seed
   without Open-QA rows counts in no comparison of them: NOTES 37)."""
-  return run[outcome].get(row)
+  return run[outcome].get(row) if outcome == "em" else run[outcome][row]
 
 
 def analysis(runs: Sequence[Dict]) -> Dict[str, List]:

@@ -1,6 +1,7 @@
 """``experiments/real_text_merge.py``: REALM test seeds from a rebuilt output directory added to
 the committed real-text results (NOTES 37), on constructed results."""
 
+import collections
 import csv
 import json
 import os
@@ -24,15 +25,17 @@ def write_csv(path, fields, rows):
 
 
 def results_dir(path, seeds, rng, openqa_seeds=None):
-  """A results directory as ``real_text.write_results`` leaves it, with REALM ``seeds`` (their
-  Open-QA rows for ``openqa_seeds``, default all) and random records; its work directory's done
-  files beside it."""
+  """A results directory as ``real_text.write_results`` leaves it (its writers where they take
+  rows), with REALM ``seeds`` (their Open-QA rows for ``openqa_seeds``, default all) and random
+  records; its work directory's run records beside it."""
   openqa_seeds = seeds if openqa_seeds is None else openqa_seeds
   results, work = path / "results", path / "work"
   (results / merge_lib.RUNS).mkdir(parents=True)
-  ranks = ["bm25", "ict"] + [f"realm_{s}" for s in seeds]
-  write_csv(results / "real_text_questions.csv", ["question_index", "question", "answers"] + ranks,
-            [[i, f"q{i}?", '["a"]'] + list(rng.integers(0, 21, len(ranks))) for i in range(N)])
+  work.mkdir()
+  records = [collections.namedtuple("R", "question answers")(f"q{i}?", ["a"]) for i in range(N)]
+  rt.write_question_records(str(results / "real_text_questions.csv"), records, [
+      dict(key=k, first=rng.integers(0, 21, N))
+      for k in ["bm25", "ict"] + [f"realm_{s}" for s in seeds]])
   em = ["orqa"] + [f"realm_{s}_{r}" for s in openqa_seeds for r in ("mixed", "openqa")]
   write_csv(results / "real_text_openqa_questions.csv",
             ["question_index", "question"] + [f"{k}_{c}" for k in em for c in ("em", "prediction")],
@@ -41,10 +44,11 @@ def results_dir(path, seeds, rng, openqa_seeds=None):
   labels = ["BM25", "MiniLM + ICT (REALM tower)"] + [rt.realm_label(s) for s in seeds]
   models = [rt.OPENQA_AFTER] + [label(s) for s in openqa_seeds
                                 for label in (rt.mixed_label, rt.realm_openqa_label)]
-  for name, first, rows in ((rt.RESULTS_NAME, "retriever", labels),
-                            (rt.OPENQA_NAME, "model", models)):
-    write_csv(results / f"{name}.csv", [first, "recall@5"], [[l, f"{rng.random():.4f}"]
-                                                              for l in rows])
+  for name, first, fields, rows in ((rt.RESULTS_NAME, "retriever", rt.CSV_FIELDS, labels),
+                                    (rt.OPENQA_NAME, "model", rt.OPENQA_FIELDS, models)):
+    rt._write_csv(str(results / f"{name}.csv"), fields,  # pylint: disable=protected-access
+                  [dict({f: "" for f in fields}, **{first: l, fields[2]: rng.random()})
+                   for l in rows])
     (results / f"{name}.md").write_text("\n".join(
         ["# title", "", f"| {first} | recall@5 |", "|---|---|"]
         + [f"| {l} | {rng.random():.3f} |" for l in rows] + ["", "| stage | seconds |",
@@ -55,10 +59,9 @@ def results_dir(path, seeds, rng, openqa_seeds=None):
   for s in seeds:
     run = {"steps": 300, "seconds": 60.0 * s, "indexes_built": 4, "index_age": {"mean": 7.0},
            "validation": {"held_out_recall@5": [[0, 0.2], [300, 0.1 * s]]}}
-    (work / f"realm_{s}_test").mkdir(parents=True)
-    for name in (f"realm_{s}_done.json", f"realm_{s}_test/done.json",
-                 f"realm_{s}_openqa_done.json"):
-      (work / name).write_text(json.dumps(run))
+    for name in merge_lib.RUN_RECORDS:
+      (work / name.format(s=s)).parent.mkdir(exist_ok=True)
+      (work / name.format(s=s)).write_text(json.dumps(run))
     if s not in openqa_seeds:
       (results / merge_lib.RUNS / f"realm_{s}_done.json").write_text(json.dumps(run))
   return results
@@ -82,8 +85,9 @@ def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
   assert [r["realm_1"] for r in after] == [r["realm_1"] for r in rows(new / "real_text_questions.csv")]
   openqa = rows(committed / "real_text_openqa_questions.csv")
   assert "realm_0_openqa_em" not in openqa[0]
-  assert [r["realm_1_mixed_em"] for r in openqa] == [
-      r["realm_1_mixed_em"] for r in rows(new / "real_text_openqa_questions.csv")]
+  rebuilt_openqa = rows(new / "real_text_openqa_questions.csv")
+  for column in ("realm_1_mixed_em", "realm_1_openqa_em", "realm_1_openqa_prediction"):
+    assert [r[column] for r in openqa] == [r[column] for r in rebuilt_openqa]
   # The table rows: in the CSV at its end, in the Markdown after the first table's last row.
   md = (committed / "real_text_retrieval.md").read_text().splitlines()
   at = md.index(next(l for l in md if l.startswith(f"| {rt.realm_label(1)} |")))
@@ -92,13 +96,13 @@ def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
       rt.realm_label(0), rt.realm_label(1)]
   assert [r["model"] for r in rows(committed / "real_text_openqa.csv")][-2:] == [
       rt.mixed_label(1), rt.realm_openqa_label(1)]
-  assert sorted(os.listdir(committed / merge_lib.RUNS)) == [
-      "realm_0_done.json", "realm_1_done.json", "realm_1_openqa_done.json",
-      "realm_1_test_done.json"]
+  assert sorted(os.listdir(committed / merge_lib.RUNS)) == sorted(
+      ["realm_0_done.json"] + [r.format(s=1).replace("/", "_") for r in merge_lib.RUN_RECORDS])
   realm = (committed / "real_text_realm.md").read_text()
   assert "| old | row | here |" not in realm and "| 0 | 300 | 0.0 | 4 | 7.0 |" in realm
   assert "| 1 | 300 | 1.0 | 4 | 7.0 | 0.200 -> 0.100 (step 300) |" in realm
   assert "NOTE" in realm and "Not computed: seeds 0, 1 of 0, 1, 2, 3 are merged." in realm
+  assert (committed / "real_text_realm.png").exists()
   with pytest.raises(merge_lib.MergeError, match="already has"):
     merge_lib.merge(str(rebuilt), [1], str(committed))
   # Once every pre-registered seed is in, the analysis is the records' (NOTES 37's rule).
@@ -125,3 +129,17 @@ def test_records_of_other_questions_are_refused(tmp_path):
   write_csv(new / "real_text_questions.csv", fields, [list(r.values()) for r in changed])
   with pytest.raises(merge_lib.MergeError, match="not about the questions"):
     merge_lib.merge(str(rebuilt), [1], str(committed))
+
+
+def test_a_failed_merge_writes_nothing(tmp_path):
+  """Every check runs before the first write: a run record missing leaves the committed
+  files as they were."""
+  rng = np.random.default_rng(2)
+  committed = results_dir(tmp_path / "committed", [0], rng, openqa_seeds=[])
+  rebuilt = tmp_path / "rebuilt"
+  results_dir(rebuilt, [1], rng)
+  (rebuilt / "work" / "realm_1_gold_done.json").unlink()
+  before = {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()}
+  with pytest.raises(merge_lib.MergeError, match="realm_1_gold_done.json"):
+    merge_lib.merge(str(rebuilt), [1], str(committed))
+  assert {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()} == before

@@ -1,8 +1,12 @@
 """``experiments/dev/rebuild_check.py``: a rebuilt real-text start against the committed records
 (NOTES 37), on constructed records."""
 
+import collections
 import json
 import os
+
+import numpy as np
+import pytest
 
 from experiments.dev import rebuild_check
 
@@ -49,3 +53,41 @@ def test_reader_curves_and_accuracy_are_compared_with_the_dev_run(tmp_path):
   assert out["mlm_reader"]["accuracy"] == {"committed": {"null": 0.1, "own_block": 0.2},
                                            "rebuilt": {"null": 0.1, "own_block": 0.3}}
   assert os.path.basename(out["work"]) == "work"
+
+
+def test_ranks_and_exact_matches_are_compared_with_the_committed_columns(tmp_path, monkeypatch):
+  """The retrievers' ranks (from each one's saved top blocks) against their committed columns,
+  on the same questions, and ORQA's exact matches on the committed Open-QA questions; other
+  questions are refused."""
+  results, work = tmp_path / "results", tmp_path / "work"
+  results.mkdir()
+  (work / "qa").mkdir(parents=True)
+  (work / "qa" / "squad-test.jsonl").write_text("")
+  (results / "real_text_questions.csv").write_text(
+      "question_index,question,answers,bm25,ict\n0,a?,[],0,3\n1,b?,[],20,7\n2,c?,[],2,1\n")
+  record = collections.namedtuple("R", "question")
+  monkeypatch.setattr(rebuild_check.ts, "test_questions",
+                      lambda w, n: [record("a?"), record("b?"), record("c?")])
+  monkeypatch.setattr(rebuild_check.manifests, "read_blocks", lambda d: [])
+  # The saved "top blocks" here hold the ranks themselves.
+  monkeypatch.setattr(rebuild_check.ts, "first_hits", lambda top, bodies, records: top[:, 0])
+  (work / "ict").mkdir()
+  np.save(work / "ict" / "top_ids.npy", np.array([[3], [4], [1]]))
+  (work / "openqa_eval").mkdir()
+  test_file = work / "openqa-test.jsonl"
+  test_file.write_text("".join(json.dumps({"question": q}) + "\n" for q in ("x?", "y?")))
+  (work / "openqa_eval" / "done.json").write_text(json.dumps({"test_file": str(test_file)}))
+  (results / "real_text_openqa_questions.csv").write_text(
+      "question_index,question,orqa_em,orqa_prediction\n0,x?,1,p\n1,y?,0,q\n")
+  monkeypatch.setattr(rebuild_check.real_text, "openqa_answers",
+                      lambda w, source, f: [(1, "p"), (1, "r")])
+  out = rebuild_check.check(str(work), str(results))
+  assert out["questions"] == {"committed": 3, "rebuilt": 3, "same": True}
+  assert "bm25" not in out  # not rebuilt yet
+  assert out["ict"] == {"questions": 3, "equal_ranks": 2, "committed_recall@5": round(2 / 3, 4),
+                        "rebuilt_recall@5": 1.0, "gained@5": 1, "lost@5": 0}
+  assert out["orqa_em"] == {"questions": 2, "equal": 1, "committed_em": 0.5, "rebuilt_em": 1.0,
+                            "gained": 1, "lost": 0}
+  test_file.write_text(json.dumps({"question": "x?"}) + "\n" + json.dumps({"question": "z?"}))
+  with pytest.raises(ValueError, match="not the committed Open-QA test questions"):
+    rebuild_check.check(str(work), str(results))

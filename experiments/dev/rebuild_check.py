@@ -14,7 +14,6 @@ WORK is the rebuilt run's ``work/``. Compared with what is committed:
 Only stages the rebuild has finished are compared. Prints a summary; OUT.json keeps it all.
 """
 
-import csv
 import json
 import os
 import sys
@@ -24,6 +23,8 @@ import numpy as np
 
 from experiments import real_text
 from experiments import text_stages as ts
+from experiments.common import read_json
+from experiments.real_text_merge import read_csv
 from realm_tf.data import manifests
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
@@ -49,11 +50,22 @@ def compare_ranks(committed: Sequence[int], rebuilt: Sequence[int]) -> Dict:
           "gained@5": int(((b < 5) & (a >= 5)).sum()), "lost@5": int(((a < 5) & (b >= 5)).sum())}
 
 
+def compare_em(committed: Sequence[int], rebuilt: Sequence[int]) -> Dict:
+  """Two rows' exact matches (0/1) on the same questions: how many agree, each one's EM, and
+  the questions the rebuild gains and loses."""
+  a, b = np.asarray(committed, bool), np.asarray(rebuilt, bool)
+  if a.shape != b.shape:
+    raise ValueError(f"{a.size} committed questions, {b.size} rebuilt")
+  return {"questions": int(a.size), "equal": int((a == b).sum()),
+          "committed_em": round(float(a.mean()), 4), "rebuilt_em": round(float(b.mean()), 4),
+          "gained": int((b & ~a).sum()), "lost": int((a & ~b).sum())}
+
+
 def compare_curves(committed: Mapping[str, Sequence], rebuilt: Mapping[str, Sequence]) -> Dict:
-  """Validation curves (``{metric: [[step, value], ...]}``) of the metrics both have: the
-  largest absolute difference at a shared step, and whether the steps agree."""
+  """Validation curves (``{metric: [[step, value], ...]}``) of the metrics both have, timing
+  aside: the largest absolute difference at a shared step, and whether the steps agree."""
   out = {}
-  for metric in sorted(set(committed) & set(rebuilt)):
+  for metric in sorted(set(committed) & set(rebuilt) - {"steps_per_second"}):
     a, b = dict(map(tuple, committed[metric])), dict(map(tuple, rebuilt[metric]))
     shared = sorted(set(a) & set(b))
     out[metric] = {"steps_agree": sorted(a) == sorted(b),
@@ -70,14 +82,9 @@ def _accuracy(d: Dict) -> Dict[str, float]:
           and "token" in v}
 
 
-def read_csv(path: str):
-  with open(path, newline="", encoding="utf-8") as f:
-    return list(csv.DictReader(f))
-
-
 def check(work: str, results: str = RESULTS) -> Dict:
   out = {"work": os.path.abspath(work)}
-  committed = read_csv(os.path.join(results, "real_text_questions.csv"))
+  _, committed = read_csv(os.path.join(results, "real_text_questions.csv"))
   if os.path.exists(os.path.join(work, "qa", "squad-test.jsonl")):
     records = ts.test_questions(work, 0)
     same = [r.question for r in records] == [c["question"] for c in committed]
@@ -90,10 +97,8 @@ def check(work: str, results: str = RESULTS) -> Dict:
           out[column] = compare_ranks([int(c[column]) for c in committed], ranks)
   pretrain = os.path.join(work, "pretrain_done.json")
   if os.path.exists(pretrain):
-    with open(os.path.join(results, "real_text_dev", "pretrain_done.json"), encoding="utf-8") as f:
-      dev = json.load(f)
-    with open(pretrain, encoding="utf-8") as f:
-      rebuilt = json.load(f)
+    dev = read_json(os.path.join(results, "real_text_dev", "pretrain_done.json"))
+    rebuilt = read_json(pretrain)
     counts = [k for k in dev if k not in ("seconds", "stats")]
     out["pretrain_counts"] = {"same": all(dev[k] == rebuilt.get(k) for k in counts),
                               "differing": {k: [dev[k], rebuilt.get(k)] for k in counts
@@ -102,28 +107,23 @@ def check(work: str, results: str = RESULTS) -> Dict:
     done = os.path.join(work, f"{name}_done.json")
     if not os.path.exists(done):
       continue
-    with open(os.path.join(results, "real_text_dev", dev_file), encoding="utf-8") as f:
-      dev = json.load(f)
-    with open(done, encoding="utf-8") as f:
-      rebuilt = json.load(f)
+    dev, rebuilt = read_json(os.path.join(results, "real_text_dev", dev_file)), read_json(done)
     out[name] = {"curves": compare_curves(dev[part]["validation"], rebuilt["validation"])}
     accuracy = os.path.join(work, f"{name}_accuracy.json")
     if part != "mlm" and "accuracy" in dev and os.path.exists(accuracy):
-      with open(accuracy, encoding="utf-8") as f:
-        out[name]["accuracy"] = {"committed": _accuracy(dev["accuracy"]),
-                                 "rebuilt": _accuracy(json.load(f))}
+      out[name]["accuracy"] = {"committed": _accuracy(dev["accuracy"]),
+                               "rebuilt": _accuracy(read_json(accuracy))}
   openqa = os.path.join(work, "openqa_eval", "done.json")
   if os.path.exists(openqa):
-    committed_em = [int(r["orqa_em"]) for r in
-                    read_csv(os.path.join(results, "real_text_openqa_questions.csv"))]
-    with open(openqa, encoding="utf-8") as f:
-      test_file = json.load(f)["test_file"]
+    _, committed = read_csv(os.path.join(results, "real_text_openqa_questions.csv"))
+    test_file = read_json(openqa)["test_file"]
+    with open(test_file, encoding="utf-8") as f:
+      questions = [json.loads(line)["question"] for line in f if line.strip()]
+    if questions != [c["question"] for c in committed]:
+      raise ValueError(f"{test_file}: not the committed Open-QA test questions")
     rebuilt_em = [e for e, _ in real_text.openqa_answers(
         work, real_text.openqa_sources({})["orqa"], test_file)]
-    out["orqa_em"] = {"questions": len(committed_em),
-                      "equal": int(sum(a == b for a, b in zip(committed_em, rebuilt_em))),
-                      "committed": round(float(np.mean(committed_em)), 4),
-                      "rebuilt": round(float(np.mean(rebuilt_em)), 4)}
+    out["orqa_em"] = compare_em([int(c["orqa_em"]) for c in committed], rebuilt_em)
   return out
 
 
