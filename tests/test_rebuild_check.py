@@ -36,6 +36,8 @@ def test_reader_curves_and_accuracy_are_compared_with_the_dev_run(tmp_path):
       {"validation": {"mlm_accuracy": [[200, 0.15], [400, 0.25]], "loss": [[200, 1.0]]}}))
   (work / "mlm_reader_done.json").write_text(json.dumps(
       {"validation": {"mlm_accuracy": [[100, 0.08]]}}))
+  (work / "minilm_mlm_accuracy.json").write_text(json.dumps(
+      {"sentences": 5, "null": token(0.03), "own_block": token(0.04)}))
   (work / "mlm_reader_accuracy.json").write_text(json.dumps(
       {"sentences": 5, "null": token(0.1), "own_block": token(0.3)}))
   (results / "real_text_dev" / "pretrain_done.json").write_text(json.dumps(
@@ -50,6 +52,8 @@ def test_reader_curves_and_accuracy_are_compared_with_the_dev_run(tmp_path):
   assert list(mlm) == ["mlm_accuracy"] and mlm["mlm_accuracy"]["steps_agree"]
   assert mlm["mlm_accuracy"]["max_abs_difference"] == 0.02
   assert out["mlm_reader"]["curves"]["mlm_accuracy"]["max_abs_difference"] == 0
+  assert out["minilm_mlm"]["accuracy"] == {"committed": {},
+                                          "rebuilt": {"null": 0.03, "own_block": 0.04}}
   assert out["mlm_reader"]["accuracy"] == {"committed": {"null": 0.1, "own_block": 0.2},
                                            "rebuilt": {"null": 0.1, "own_block": 0.3}}
   assert os.path.basename(out["work"]) == "work"
