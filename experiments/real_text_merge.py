@@ -119,7 +119,7 @@ def realm_md(results: str, seeds: Sequence[int], note: str) -> str:
 NOTE = ("Seed 0 has its zero-shot rows only: its model was lost with its machine before its "
         "Open-QA rows ran. Seeds {seeds} ran in full from a rebuild of the start by the same "
         "recipe at fc79c9e; `real_text_realm_runs/rebuild_check.json` compares the rebuild with "
-        "the committed records. (a) and REALM - BM25 are over seeds 0-3, (b) and the mixed row "
+        "the committed records (the reader accuracies above are seed 0's readers'). (a) and REALM - BM25 are over seeds 0-3, (b) and the mixed row "
         "over seeds 1-3; the comparators are the committed ICT, BM25 and ORQA records.")
 # A seed's run records kept in RUNS (its work directory's done files, "/" as "_").
 RUN_RECORDS = ("realm_{s}_done.json", "realm_{s}_test/done.json", "realm_{s}_mixed_eval/done.json",
