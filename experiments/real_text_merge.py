@@ -117,7 +117,7 @@ def realm_md(results: str, seeds: Sequence[int], note: str) -> str:
 
 
 NOTE = ("Seed 0 has its zero-shot rows only: its model was lost with its machine before its "
-        "Open-QA rows ran. Seeds {seeds} ran in full from a rebuild of the start by the same "
+        "Open-QA rows ran. {seeds} ran in full from a rebuild of the start by the same "
         "recipe at fc79c9e; `real_text_realm_runs/rebuild_check.json` compares the rebuild with "
         "the committed records (the reader accuracies above are seed 0's readers'). (a) and REALM - BM25 are over seeds 0-3, (b) and the mixed row "
         "over seeds 1-3; the comparators are the committed ICT, BM25 and ORQA records.")
@@ -163,8 +163,9 @@ def merge(rebuilt_out: str, seeds: Sequence[int], results: str = RESULTS,
   for source, target in records.items():
     shutil.copyfile(source, target)
   merged = merged_seeds(csvs[rt.QUESTIONS_NAME][0])
-  text = realm_md(results, merged, note.format(seeds=", ".join(
-      str(s) for s in merged if s not in ZERO_SHOT_ONLY)))
+  full = [str(s) for s in merged if s not in ZERO_SHOT_ONLY]
+  text = realm_md(results, merged, note.format(
+      seeds=f"Seed{'s' if len(full) > 1 else ''} {', '.join(full)}"))
   with open(os.path.join(results, rt.REALM_NAME + ".md"), "w", encoding="utf-8") as f:
     f.write(text)
 
