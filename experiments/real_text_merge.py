@@ -1,11 +1,12 @@
 """Adds REALM test seeds run in another output directory to the committed real-text results.
 
-    python -m experiments.real_text_merge REBUILT_OUT SEED[,SEED...]
+    python -m experiments.real_text_merge REBUILT_OUT SEED[,SEED...] [NEW_RESULTS]
 
 NOTES 37: issue 53's test directory was lost with its machine after REALM test seed 0 had run.
 Seed 0 keeps its committed zero-shot records; seeds 1-3 run from a rebuild of the start at
 fc79c9e into REBUILT_OUT (``experiments/real_text.py --output_dir=REBUILT_OUT``). This adds each
-new seed's per-question columns, table rows and run records (``REBUILT_OUT/work``'s done files)
+new seed's per-question columns and table rows (from ``REBUILT_OUT/results``, or NEW_RESULTS: a
+copy of it kept from the run that wrote them) and run records (``REBUILT_OUT/work``'s done files)
 to ``experiments/results/``, keeping every committed record as it is (the comparators are the
 committed ICT, BM25 and ORQA records), and rewrites ``real_text_realm.md``'s seed table, plot and
 pre-registered analysis over every seed merged so far (``text_realm.runs_from_records``: a seed
@@ -119,7 +120,8 @@ def realm_md(results: str, seeds: Sequence[int], note: str) -> str:
 NOTE = ("Seed 0 has its zero-shot rows only: its model was lost with its machine before its "
         "Open-QA rows ran. {seeds} ran in full from a rebuild of the start by the same "
         "recipe at fc79c9e; `real_text_realm_runs/rebuild_check.json` compares the rebuild with "
-        "the committed records (the reader accuracies above are seed 0's readers'). (a) and REALM - BM25 are over seeds 0-3, (b) and the mixed row "
+        "the committed records (the reader accuracies above are seed 0's readers'). (a) and "
+        "REALM - BM25 are over seeds 0-3, (b) and the mixed row "
         "over seeds 1-3; the comparators are the committed ICT, BM25 and ORQA records.")
 # A seed's run records kept in RUNS (its work directory's done files, "/" as "_").
 RUN_RECORDS = ("realm_{s}_done.json", "realm_{s}_test/done.json", "realm_{s}_mixed_eval/done.json",
@@ -128,10 +130,11 @@ RUN_RECORDS = ("realm_{s}_done.json", "realm_{s}_test/done.json", "realm_{s}_mix
 
 
 def merge(rebuilt_out: str, seeds: Sequence[int], results: str = RESULTS,
-          note: str = NOTE) -> None:
-  """Adds ``seeds``' records from ``rebuilt_out`` (its ``results/`` and ``work/``) to
-  ``results``; everything is checked before the first file is written."""
-  new, work = os.path.join(rebuilt_out, "results"), os.path.join(rebuilt_out, "work")
+          note: str = NOTE, new_results: str = "") -> None:
+  """Adds ``seeds``' records from ``rebuilt_out`` (its ``results/``, or ``new_results``, and its
+  ``work/``) to ``results``; everything is checked before the first file is written."""
+  new = new_results or os.path.join(rebuilt_out, "results")
+  work = os.path.join(rebuilt_out, "work")
   csvs = {}
   csvs[rt.QUESTIONS_NAME] = add_columns(
       os.path.join(results, rt.QUESTIONS_NAME + ".csv"),
@@ -171,9 +174,10 @@ def merge(rebuilt_out: str, seeds: Sequence[int], results: str = RESULTS,
 
 
 def main(argv: Sequence[str]) -> None:
-  if len(argv) != 3:
+  if len(argv) not in (3, 4):
     raise SystemExit(__doc__)
-  merge(argv[1], [int(s) for s in argv[2].split(",")])
+  merge(argv[1], [int(s) for s in argv[2].split(",")],
+        new_results=argv[3] if len(argv) == 4 else "")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
   after = rows(committed / "real_text_questions.csv")
   # The committed columns stay as they were (the rebuild's ICT differs here); seed 1's is added.
   assert [{k: r[k] for k in before[0]} for r in after] == before
-  assert [r["realm_1"] for r in after] == [r["realm_1"] for r in rows(new / "real_text_questions.csv")]
+  assert [r["realm_1"] for r in after] == [
+      r["realm_1"] for r in rows(new / "real_text_questions.csv")]
   openqa = rows(committed / "real_text_openqa_questions.csv")
   assert "realm_0_openqa_em" not in openqa[0]
   rebuilt_openqa = rows(new / "real_text_openqa_questions.csv")
@@ -106,9 +107,11 @@ def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
   with pytest.raises(merge_lib.MergeError, match="already has"):
     merge_lib.merge(str(rebuilt), [1], str(committed))
   # Once every pre-registered seed is in, the analysis is the records' (NOTES 37's rule).
+  # Seeds 2 and 3's results kept elsewhere (a later run overwrites results/ with its own seeds).
   rebuilt23 = tmp_path / "rebuilt23"
   results_dir(rebuilt23, [2, 3], rng)
-  merge_lib.merge(str(rebuilt23), [2, 3], str(committed))
+  (rebuilt23 / "results").rename(tmp_path / "kept")
+  merge_lib.merge(str(rebuilt23), [2, 3], str(committed), new_results=str(tmp_path / "kept"))
   realm = (committed / "real_text_realm.md").read_text()
   result = text_realm.analysis(text_realm.runs_from_records(
       str(committed / "real_text_questions.csv"),
