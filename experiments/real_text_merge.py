@@ -1,6 +1,7 @@
 """Adds REALM test seeds run in another output directory to the committed real-text results.
 
     python -m experiments.real_text_merge REBUILT_OUT SEED[,SEED...] [NEW_RESULTS]
+        [--rows=zero_shot|openqa]   (default: both)
 
 NOTES 37: issue 53's test directory was lost with its machine after REALM test seed 0 had run.
 Seed 0 keeps its committed zero-shot records; seeds 1-3 run from a rebuild of the start at
@@ -11,6 +12,10 @@ to ``experiments/results/``, keeping every committed record as it is (the compar
 committed ICT, BM25 and ORQA records), and rewrites ``real_text_realm.md``'s seed table, plot and
 pre-registered analysis over every seed merged so far (``text_realm.runs_from_records``: a seed
 without Open-QA columns counts in the zero-shot comparisons only).
+
+NOTES 39: seeds 1-3 run their zero-shot rows first (``--noopenqa``), merged with
+``--rows=zero_shot``, then their Open-QA rows, merged with ``--rows=openqa``, which first checks
+that they come from the REALM run whose zero-shot rows are committed.
 """
 
 import csv
@@ -89,15 +94,18 @@ def add_table_rows(path: str, new_path: str, first_column: str,
   return (fields, rows + [by_label[l] for l in labels]), "\n".join(text) + "\n"
 
 
-def merged_seeds(fields: Sequence[str]) -> List[int]:
-  """The REALM seeds with a zero-shot column among the per-question records' ``fields``."""
-  return sorted(int(m.group(1)) for m in map(re.compile(r"realm_(\d+)$").match, fields) if m)
+def merged_seeds(fields: Sequence[str], suffix: str = "") -> List[int]:
+  """The REALM seeds with a column ``realm_<seed><suffix>`` among the per-question records'
+  ``fields`` (``suffix`` "": the zero-shot column; "_openqa_em": the Open-QA rows)."""
+  pattern = re.compile(rf"realm_(\d+){re.escape(suffix)}$")
+  return sorted(int(m.group(1)) for m in map(pattern.match, fields) if m)
 
 
-def realm_md(results: str, seeds: Sequence[int], note: str) -> str:
+def realm_md(results: str, seeds: Sequence[int], openqa: Sequence[int], note: str) -> str:
   """``real_text_realm.md`` with its seed table's rows for ``seeds`` (their committed run
   records) and, after the curves, ``note`` and the analysis over :data:`PRE_REGISTERED` once
-  ``seeds`` are all of them (computed from the committed per-question records)."""
+  ``seeds`` are all of them and some seeds (``openqa``) have their Open-QA rows (computed from
+  the committed per-question records; (b) over the seeds merged so far)."""
   with open(os.path.join(results, rt.REALM_NAME + ".md"), encoding="utf-8") as f:
     text = f.read().splitlines()
   top = next(i for i, l in enumerate(text) if l.startswith("| seed |")) + 2
@@ -107,77 +115,109 @@ def realm_md(results: str, seeds: Sequence[int], note: str) -> str:
   lines += ["", f"![curves]({os.path.basename(plot)})", "",
             "## The pre-registered analysis (experiments/NOTES.md sections 30 and 37)", "", note,
             ""]
-  if tuple(seeds) == PRE_REGISTERED:
+  if tuple(seeds) == PRE_REGISTERED and openqa:
+    pending = [s for s in PRE_REGISTERED if s not in ZERO_SHOT_ONLY and s not in openqa]
+    if pending:
+      lines += [f"(b) and the mixed row are over seeds {', '.join(map(str, openqa))} so far; "
+                f"the Open-QA rows of seeds {', '.join(map(str, pending))} are not merged.",
+                ""]
     lines += rt.analysis_lines(text_realm.analysis(text_realm.runs_from_records(
         os.path.join(results, rt.QUESTIONS_NAME + ".csv"),
         os.path.join(results, rt.OPENQA_QUESTIONS_NAME + ".csv"), seeds)))
+  elif tuple(seeds) == PRE_REGISTERED:
+    lines.append("Not computed: no seed's Open-QA rows are merged.")
   else:
-    lines.append(f"Not computed: seeds {', '.join(map(str, seeds))} of "
+    lines.append(f"Not computed: the zero-shot rows of seeds {', '.join(map(str, seeds))} of "
                  f"{', '.join(map(str, PRE_REGISTERED))} are merged.")
   return "\n".join(lines) + "\n"
 
 
 NOTE = ("Seed 0 has its zero-shot rows only: its model was lost with its machine before its "
-        "Open-QA rows ran. {seeds} ran in full from a rebuild of the start by the same "
-        "recipe at fc79c9e; `real_text_realm_runs/rebuild_check.json` compares the rebuild with "
-        "the committed records (the reader accuracies above are seed 0's readers'). (a) and "
-        "REALM - BM25 are over seeds 0-3, (b) and the mixed row "
-        "over seeds 1-3; the comparators are the committed ICT, BM25 and ORQA records.")
-# A seed's run records kept in RUNS (its work directory's done files, "/" as "_").
-RUN_RECORDS = ("realm_{s}_done.json", "realm_{s}_test/done.json", "realm_{s}_mixed_eval/done.json",
-               "realm_{s}_gold_done.json", "realm_{s}_openqa_done.json",
-               "realm_{s}_openqa_eval/done.json")
+        "Open-QA rows ran. Seeds 1-3 run from a rebuild of the start by the same recipe at "
+        "fc79c9e, their zero-shot rows first and then their Open-QA rows (NOTES 39); "
+        "`real_text_realm_runs/rebuild_check.json` compares the rebuild with the committed "
+        "records (the reader accuracies above are seed 0's readers'). (a) and REALM - BM25 are "
+        "over seeds 0-3, (b) and the mixed row over seeds 1-3; the comparators are the "
+        "committed ICT, BM25 and ORQA records. Merged: zero-shot rows of seeds {zero_shot}; "
+        "Open-QA rows of seeds {openqa}.")
+# A seed's run records kept in RUNS (its work directory's done files, "/" as "_"), by rows.
+RUN_RECORDS = {"zero_shot": ("realm_{s}_done.json", "realm_{s}_test/done.json"),
+               "openqa": ("realm_{s}_mixed_eval/done.json", "realm_{s}_gold_done.json",
+                          "realm_{s}_openqa_done.json", "realm_{s}_openqa_eval/done.json")}
+ROWS = tuple(RUN_RECORDS)
 
 
 def merge(rebuilt_out: str, seeds: Sequence[int], results: str = RESULTS,
-          note: str = NOTE, new_results: str = "") -> None:
-  """Adds ``seeds``' records from ``rebuilt_out`` (its ``results/``, or ``new_results``, and its
-  ``work/``) to ``results``; everything is checked before the first file is written."""
+          note: str = NOTE, new_results: str = "", rows: Sequence[str] = ROWS) -> None:
+  """Adds ``seeds``' ``rows`` ("zero_shot": the retrieval column, table row and run records;
+  "openqa": the Open-QA columns, table rows and run records) from ``rebuilt_out`` (its
+  ``results/``, or ``new_results``, and its ``work/``) to ``results``; everything is checked
+  before the first file is written. Open-QA rows merged after their seed's zero-shot rows must
+  come from the same REALM run: its zero-shot column and run record are checked against the
+  committed ones."""
+  if not rows or set(rows) - set(ROWS):
+    raise MergeError(f"rows must be some of {ROWS}, not {rows}")
   new = new_results or os.path.join(rebuilt_out, "results")
   work = os.path.join(rebuilt_out, "work")
-  csvs = {}
-  csvs[rt.QUESTIONS_NAME] = add_columns(
-      os.path.join(results, rt.QUESTIONS_NAME + ".csv"),
-      os.path.join(new, rt.QUESTIONS_NAME + ".csv"), ("question_index", "question", "answers"),
-      [f"realm_{s}" for s in seeds])
-  csvs[rt.OPENQA_QUESTIONS_NAME] = add_columns(
-      os.path.join(results, rt.OPENQA_QUESTIONS_NAME + ".csv"),
-      os.path.join(new, rt.OPENQA_QUESTIONS_NAME + ".csv"), ("question_index", "question"),
-      [f"realm_{s}_{row}_{c}" for s in seeds for row in ("mixed", "openqa")
-       for c in ("em", "prediction")])
-  mds = {}
-  for name, first, labels in (
-      (rt.RESULTS_NAME, "retriever", [rt.realm_label(s) for s in seeds]),
-      (rt.OPENQA_NAME, "model", [label(s) for s in seeds
-                                 for label in (rt.mixed_label, rt.realm_openqa_label)])):
+  questions = os.path.join(results, rt.QUESTIONS_NAME + ".csv")
+  csvs, mds, tables = {}, {}, []
+  if "zero_shot" in rows:
+    csvs[rt.QUESTIONS_NAME] = add_columns(
+        questions, os.path.join(new, rt.QUESTIONS_NAME + ".csv"),
+        ("question_index", "question", "answers"), [f"realm_{s}" for s in seeds])
+    tables.append((rt.RESULTS_NAME, "retriever", [rt.realm_label(s) for s in seeds]))
+  else:
+    committed = read_csv(questions)[1]
+    rebuilt = read_csv(os.path.join(new, rt.QUESTIONS_NAME + ".csv"))[1]
+    for s in seeds:
+      done = os.path.join(results, RUNS, f"realm_{s}_done.json")
+      if (f"realm_{s}" not in committed[0] or
+          [r[f"realm_{s}"] for r in committed] != [r.get(f"realm_{s}") for r in rebuilt] or
+          read_json(done) != read_json(os.path.join(work, f"realm_{s}_done.json"))):
+        raise MergeError(f"REALM seed {s}'s Open-QA rows in {new} are not from the run whose "
+                         f"zero-shot rows are committed ({done}, column realm_{s} of "
+                         f"{questions})")
+  if "openqa" in rows:
+    csvs[rt.OPENQA_QUESTIONS_NAME] = add_columns(
+        os.path.join(results, rt.OPENQA_QUESTIONS_NAME + ".csv"),
+        os.path.join(new, rt.OPENQA_QUESTIONS_NAME + ".csv"), ("question_index", "question"),
+        [f"realm_{s}_{row}_{c}" for s in seeds for row in ("mixed", "openqa")
+         for c in ("em", "prediction")])
+    tables.append((rt.OPENQA_NAME, "model", [label(s) for s in seeds
+                                             for label in (rt.mixed_label,
+                                                           rt.realm_openqa_label)]))
+  for name, first, labels in tables:
     csvs[name], mds[name] = add_table_rows(os.path.join(results, name + ".csv"),
                                            os.path.join(new, name + ".csv"), first, labels)
   records = {os.path.join(work, r.format(s=s)): os.path.join(results, RUNS,
                                                              r.format(s=s).replace("/", "_"))
-             for s in seeds for r in RUN_RECORDS}
+             for s in seeds for kind in rows for r in RUN_RECORDS[kind]}
   missing = [p for p in records if not os.path.exists(p)]
   if missing:
     raise MergeError(f"run records missing: {missing}")
-  for name, (fields, rows) in csvs.items():
-    write_csv(os.path.join(results, name + ".csv"), fields, rows)
+  for name, (fields, rows_) in csvs.items():
+    write_csv(os.path.join(results, name + ".csv"), fields, rows_)
   for name, text in mds.items():
     with open(os.path.join(results, name + ".md"), "w", encoding="utf-8") as f:
       f.write(text)
   for source, target in records.items():
     shutil.copyfile(source, target)
-  merged = merged_seeds(csvs[rt.QUESTIONS_NAME][0])
-  full = [str(s) for s in merged if s not in ZERO_SHOT_ONLY]
-  text = realm_md(results, merged, note.format(
-      seeds=f"Seed{'s' if len(full) > 1 else ''} {', '.join(full)}"))
+  zero_shot = merged_seeds(read_csv(questions)[0])
+  openqa = merged_seeds(read_csv(os.path.join(results, rt.OPENQA_QUESTIONS_NAME + ".csv"))[0],
+                        "_openqa_em")
+  text = realm_md(results, zero_shot, openqa, note.format(
+      zero_shot=", ".join(map(str, zero_shot)), openqa=", ".join(map(str, openqa)) or "none"))
   with open(os.path.join(results, rt.REALM_NAME + ".md"), "w", encoding="utf-8") as f:
     f.write(text)
 
 
 def main(argv: Sequence[str]) -> None:
+  rows = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--rows=")]
+  argv = [a for a in argv if not a.startswith("--rows=")]
   if len(argv) not in (3, 4):
     raise SystemExit(__doc__)
   merge(argv[1], [int(s) for s in argv[2].split(",")],
-        new_results=argv[3] if len(argv) == 4 else "")
+        new_results=argv[3] if len(argv) == 4 else "", rows=rows[0] if rows else ROWS)
 
 
 if __name__ == "__main__":

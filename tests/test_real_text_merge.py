@@ -15,6 +15,7 @@ from experiments import real_text_merge as merge_lib
 from experiments import text_realm
 
 N, M = 30, 12  # test questions, Open-QA test questions
+ALL_RECORDS = [r for kind in merge_lib.ROWS for r in merge_lib.RUN_RECORDS[kind]]
 
 
 def write_csv(path, fields, rows):
@@ -59,7 +60,7 @@ def results_dir(path, seeds, rng, openqa_seeds=None):
   for s in seeds:
     run = {"steps": 300, "seconds": 60.0 * s, "indexes_built": 4, "index_age": {"mean": 7.0},
            "validation": {"held_out_recall@5": [[0, 0.2], [300, 0.1 * s]]}}
-    for name in merge_lib.RUN_RECORDS:
+    for name in ALL_RECORDS:
       (work / name.format(s=s)).parent.mkdir(exist_ok=True)
       (work / name.format(s=s)).write_text(json.dumps(run))
     if s not in openqa_seeds:
@@ -98,11 +99,11 @@ def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
   assert [r["model"] for r in rows(committed / "real_text_openqa.csv")][-2:] == [
       rt.mixed_label(1), rt.realm_openqa_label(1)]
   assert sorted(os.listdir(committed / merge_lib.RUNS)) == sorted(
-      ["realm_0_done.json"] + [r.format(s=1).replace("/", "_") for r in merge_lib.RUN_RECORDS])
+      ["realm_0_done.json"] + [r.format(s=1).replace("/", "_") for r in ALL_RECORDS])
   realm = (committed / "real_text_realm.md").read_text()
   assert "| old | row | here |" not in realm and "| 0 | 300 | 0.0 | 4 | 7.0 |" in realm
   assert "| 1 | 300 | 1.0 | 4 | 7.0 | 0.200 -> 0.100 (step 300) |" in realm
-  assert "NOTE" in realm and "Not computed: seeds 0, 1 of 0, 1, 2, 3 are merged." in realm
+  assert "NOTE" in realm and "Not computed: the zero-shot rows of seeds 0, 1 of 0, 1, 2, 3 are merged." in realm
   assert (committed / "real_text_realm.png").exists()
   with pytest.raises(merge_lib.MergeError, match="already has"):
     merge_lib.merge(str(rebuilt), [1], str(committed))
@@ -146,3 +147,61 @@ def test_a_failed_merge_writes_nothing(tmp_path):
   with pytest.raises(merge_lib.MergeError, match="realm_1_gold_done.json"):
     merge_lib.merge(str(rebuilt), [1], str(committed))
   assert {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()} == before
+
+
+def test_zero_shot_rows_first_then_open_qa_rows_give_the_merge_of_both(tmp_path):
+  """NOTES 39's order: each seed's zero-shot rows merged as they finish, their Open-QA rows
+  later, from the same REALM runs, end where one merge of both ends."""
+  rng = np.random.default_rng(3)
+  once = results_dir(tmp_path / "once", [0], rng, openqa_seeds=[])
+  twice = tmp_path / "twice"
+  twice.mkdir()
+  for p in once.rglob("*"):
+    if p.is_file():
+      (twice / p.relative_to(once)).parent.mkdir(parents=True, exist_ok=True)
+      (twice / p.relative_to(once)).write_bytes(p.read_bytes())
+  rebuilt = tmp_path / "rebuilt"
+  results_dir(rebuilt, [1, 2, 3], rng)
+  merge_lib.merge(str(rebuilt), [1, 2, 3], str(once), note="{zero_shot} / {openqa}")
+  for s in (1, 2, 3):
+    merge_lib.merge(str(rebuilt), [s], str(twice), note="{zero_shot} / {openqa}",
+                    rows=["zero_shot"])
+  realm = (twice / "real_text_realm.md").read_text()
+  assert "0, 1, 2, 3 / none" in realm and "no seed's Open-QA rows are merged" in realm
+  assert "realm_1_openqa_em" not in rows(twice / "real_text_openqa_questions.csv")[0]
+  merge_lib.merge(str(rebuilt), [1], str(twice), note="{zero_shot} / {openqa}", rows=["openqa"])
+  realm = (twice / "real_text_realm.md").read_text()
+  assert "0, 1, 2, 3 / 1" in realm
+  assert "over seeds 1 so far; the Open-QA rows of seeds 2, 3 are not merged" in realm
+  with pytest.raises(merge_lib.MergeError, match="already has"):
+    merge_lib.merge(str(rebuilt), [1], str(twice), rows=["openqa"])
+  merge_lib.merge(str(rebuilt), [2, 3], str(twice), note="{zero_shot} / {openqa}",
+                  rows=["openqa"])
+  files = sorted(p.relative_to(once) for p in once.rglob("*") if p.is_file())
+  assert files == sorted(p.relative_to(twice) for p in twice.rglob("*") if p.is_file())
+  for f in files:
+    if f.suffix != ".png":  # matplotlib stamps no date, but keep the test about the records
+      assert (once / f).read_bytes() == (twice / f).read_bytes(), f
+
+
+def test_open_qa_rows_of_another_run_are_refused(tmp_path):
+  """Open-QA rows merged after their seed's zero-shot rows must come from that REALM run."""
+  rng = np.random.default_rng(4)
+  committed = results_dir(tmp_path / "committed", [0], rng, openqa_seeds=[])
+  first = tmp_path / "first"
+  results_dir(first, [1], rng)
+  merge_lib.merge(str(first), [1], str(committed), rows=["zero_shot"])
+  other = tmp_path / "other"
+  results_dir(other, [1], rng)  # another run of seed 1: other ranks
+  before = {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()}
+  with pytest.raises(merge_lib.MergeError, match="not from the run"):
+    merge_lib.merge(str(other), [1], str(committed), rows=["openqa"])
+  assert {p: p.read_bytes() for p in committed.rglob("*") if p.is_file()} == before
+  # The same ranks, but another run record: refused too.
+  (other / "results" / "real_text_questions.csv").write_bytes(
+      (first / "results" / "real_text_questions.csv").read_bytes())
+  (other / "work" / "realm_1_done.json").write_text(json.dumps({"steps": 299}))
+  with pytest.raises(merge_lib.MergeError, match="not from the run"):
+    merge_lib.merge(str(other), [1], str(committed), rows=["openqa"])
+  with pytest.raises(merge_lib.MergeError, match="rows must be"):
+    merge_lib.merge(str(first), [1], str(committed), rows=["zero-shot"])
