@@ -95,3 +95,15 @@ def test_ranks_and_exact_matches_are_compared_with_the_committed_columns(tmp_pat
   test_file.write_text(json.dumps({"question": "x?"}) + "\n" + json.dumps({"question": "z?"}))
   with pytest.raises(ValueError, match="not the committed Open-QA test questions"):
     rebuild_check.check(str(work), str(results))
+
+
+def test_the_start_is_the_same_only_if_questions_ranks_and_counts_all_are():
+  same = {"questions": {"same": True}, "pretrain_counts": {"same": True},
+          **{k: {"questions": 5, "equal_ranks": 5} for k in rebuild_check.RETRIEVERS}}
+  assert rebuild_check.start_differences(same) == []
+  assert rebuild_check.start_differences(dict(same, ict={"questions": 5, "equal_ranks": 4})) == [
+      "ict"]
+  assert rebuild_check.start_differences(dict(same, pretrain_counts={"same": False})) == [
+      "pretrain_counts"]
+  missing = {k: v for k, v in same.items() if k not in ("questions", "hybrid")}
+  assert rebuild_check.start_differences(missing) == ["questions", "hybrid"]

@@ -1,7 +1,7 @@
 """Is a rebuilt real-text start the committed one? (NOTES 37: issue 53's test directory was lost
 with its machine, and REALM test seeds 1-3 start from a rebuild at fc79c9e.)
 
-    python -m experiments.dev.rebuild_check WORK [OUT.json]
+    python -m experiments.dev.rebuild_check WORK [OUT.json] [--same_start]
 
 WORK is the rebuilt run's ``work/``. Compared with what is committed:
 - the salient-span pre-training data's counts against ``real_text_dev/pretrain_done.json``;
@@ -12,12 +12,14 @@ WORK is the rebuilt run's ``work/``. Compared with what is committed:
   chose the recipe (``results/real_text_dev/minilm_mlm_800*_dev.json``);
 - the ORQA row's per-question exact match, once the rebuild has its Open-QA evaluation.
 Only stages the rebuild has finished are compared. Prints a summary; OUT.json keeps it all.
+``--same_start``: exit 1 unless the questions, every retriever's ranks and the pre-training
+counts are the committed ones (:func:`start_differences`; the readers may be retrained).
 """
 
 import json
 import os
 import sys
-from typing import Dict, Mapping, Sequence
+from typing import Dict, List, Mapping, Sequence
 
 import numpy as np
 
@@ -128,7 +130,18 @@ def check(work: str, results: str = RESULTS) -> Dict:
   return out
 
 
+def start_differences(result: Dict) -> List[str]:
+  """What in :func:`check`'s ``result`` keeps the rebuilt start from being the committed one:
+  the test questions, a retriever's per-question ranks or the pre-training counts, differing
+  or not compared."""
+  out = [k for k in ("questions", "pretrain_counts") if not result.get(k, {}).get("same")]
+  return out + [k for k in RETRIEVERS
+                if k not in result or result[k]["equal_ranks"] != result[k]["questions"]]
+
+
 def main(argv: Sequence[str]) -> None:
+  same_start = "--same_start" in argv
+  argv = [a for a in argv if a != "--same_start"]
   if len(argv) not in (2, 3):
     raise SystemExit(__doc__)
   result = check(argv[1])
@@ -144,6 +157,9 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) == 3:
     with open(argv[2], "w", encoding="utf-8") as f:
       json.dump(result, f, indent=1)
+  differences = start_differences(result)
+  if same_start and differences:
+    raise SystemExit(f"the rebuilt start differs from the committed records: {differences}")
 
 
 if __name__ == "__main__":
