@@ -9,7 +9,10 @@
 # usage: experiments/dev/real_text_chain.sh CODE OUT MAIN
 #   CODE  a clone of fc79c9e (the test recipe), which runs every stage
 #   OUT   the pipeline's --output_dir (e.g. /work/runs/rt53t)
-#   MAIN  this repository at a later commit: its venv, MiniLM and rebuild_check
+#   MAIN  this repository at a later commit: its venv, MiniLM, rebuild_check and real_text_merge
+# A seed whose zero-shot rows MAIN has committed is not run again (NOTES 40: a new machine each
+# session). With COMMIT=1, each seed's zero-shot rows are merged into MAIN and committed as soon
+# as they are written, since a session may end minutes later.
 # Run it niced, one CPU-heavy job at a time: nice -n 19 experiments/dev/real_text_chain.sh ...
 set -euo pipefail
 CODE=$(realpath "$1"); OUT=$2; MAIN=$(realpath "$3")
@@ -43,17 +46,28 @@ if [ ! -e "$CHECK" ]; then
   mv "$CHECK.tmp" "$CHECK"
 fi
 
+committed() { [ -e "$MAIN/experiments/results/real_text_realm_runs/realm_$1_done.json" ]; }
 for s in 1 2 3; do
   kept=$OUT/results_zero_shot_seed$s
-  [ -e "$kept/real_text_realm.md" ] && continue
-  say "3. REALM seed $s, zero-shot rows"
-  in_code -m experiments.real_text "${FLAGS[@]}" --realm_seeds=$s --noopenqa
-  rm -rf "$kept"; cp -r "$OUT/results" "$kept"
+  if [ ! -e "$kept/real_text_realm.md" ] && ! committed $s; then
+    say "3. REALM seed $s, zero-shot rows"
+    in_code -m experiments.real_text "${FLAGS[@]}" --realm_seeds=$s --noopenqa
+    rm -rf "$kept"; cp -r "$OUT/results" "$kept"
+  fi
+  if [ "${COMMIT:-0}" = 1 ] && ! committed $s; then
+    say "3. REALM seed $s, zero-shot rows merged and committed"
+    (cd "$MAIN" && "$PY" -m experiments.real_text_merge "$OUT" $s "$kept" --rows=zero_shot &&
+     git add experiments/results && git commit -q -m "Issue 53: REALM test seed $s's zero-shot \
+rows (real_text_merge --rows=zero_shot; the chain at fc79c9e committed them as they finished)" \
+       -- experiments/results) || say "seed $s: merge or commit failed"
+  fi
 done
 
 for s in 1 2 3; do
   kept=$OUT/results_openqa_seed$s
   [ -e "$kept/real_text_openqa.md" ] && continue
+  # Open-QA rows only from the REALM run whose zero-shot rows these are (real_text_merge checks)
+  [ -e "$OUT/work/realm_${s}_done.json" ] || { say "seed $s: no REALM run here, no Open-QA rows"; continue; }
   say "4. REALM seed $s, Open-QA rows"
   in_code -m experiments.real_text "${FLAGS[@]}" --realm_seeds=$s
   rm -rf "$kept"; cp -r "$OUT/results" "$kept"
