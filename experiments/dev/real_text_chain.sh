@@ -1,18 +1,20 @@
 #!/bin/bash
-# Issue 53's test seeds, as NOTES 37-39 fix them, in one resumable chain (each step is skipped
-# when its output exists, so the script can be started again after a stop):
-#   1. the start: every pipeline stage before REALM seed 1, with REALM replaced by a stop;
+# Issue 53's test seeds, as NOTES 37-40 fix them, in one resumable chain (each step is skipped
+# when its output exists, or when MAIN has committed its rows, so the script can be started
+# again after a stop or on a new machine):
+#   1. the start: every pipeline stage before REALM, with REALM replaced by a stop;
 #   2. rebuild_check against the committed records; the chain goes on only if the retrievers'
 #      per-question ranks and the pre-training counts are the committed ones;
-#   3. REALM seeds 1, 2, 3, zero-shot rows only (--noopenqa), results kept per seed;
-#   4. the same seeds' Open-QA rows (ORQA's model first, then each seed's), results kept per seed.
-# usage: experiments/dev/real_text_chain.sh CODE OUT MAIN
+#   3. STEPS in order, each kept in OUT/results_<step>: zN, REALM seed N's zero-shot rows
+#      (--noopenqa); oN, seed N's Open-QA rows (ORQA's model first, the first time), only where
+#      seed N's REALM run is in OUT, since they must come from the run whose zero-shot rows
+#      are committed (real_text_merge checks). Default STEPS="z1 z2 z3 o1 o2 o3".
+# With COMMIT=1, each step's rows are merged into MAIN and committed as soon as they are
+# written, since a session may end minutes later (NOTES 40: a new machine each session).
+# usage: [STEPS="z1 z2 o2"] [COMMIT=1] experiments/dev/real_text_chain.sh CODE OUT MAIN
 #   CODE  a clone of fc79c9e (the test recipe), which runs every stage
 #   OUT   the pipeline's --output_dir (e.g. /work/runs/rt53t)
 #   MAIN  this repository at a later commit: its venv, MiniLM, rebuild_check and real_text_merge
-# A seed whose zero-shot rows MAIN has committed is not run again (NOTES 40: a new machine each
-# session). With COMMIT=1, each seed's zero-shot rows are merged into MAIN and committed as soon
-# as they are written, since a session may end minutes later.
 # Run it niced, one CPU-heavy job at a time: nice -n 19 experiments/dev/real_text_chain.sh ...
 set -euo pipefail
 CODE=$(realpath "$1"); OUT=$2; MAIN=$(realpath "$3")
@@ -46,30 +48,30 @@ if [ ! -e "$CHECK" ]; then
   mv "$CHECK.tmp" "$CHECK"
 fi
 
-committed() { [ -e "$MAIN/experiments/results/real_text_realm_runs/realm_$1_done.json" ]; }
-for s in 1 2 3; do
-  kept=$OUT/results_zero_shot_seed$s
-  if [ ! -e "$kept/real_text_realm.md" ] && ! committed $s; then
-    say "3. REALM seed $s, zero-shot rows"
-    in_code -m experiments.real_text "${FLAGS[@]}" --realm_seeds=$s --noopenqa
+RUNS=$MAIN/experiments/results/real_text_realm_runs
+for step in ${STEPS:-z1 z2 z3 o1 o2 o3}; do
+  s=${step#?}
+  case $step in
+    z*) rows=zero_shot; flags=(--noopenqa); done_file=realm_${s}_done.json; page=realm ;;
+    o*) rows=openqa; flags=(); done_file=realm_${s}_openqa_done.json; page=openqa ;;
+    *) say "unknown step $step"; exit 1 ;;
+  esac
+  [ -e "$RUNS/$done_file" ] && { say "$step: committed already"; continue; }
+  kept=$OUT/results_$step
+  if [ ! -e "$kept/real_text_$page.md" ]; then
+    if [ $rows = openqa ] && [ ! -e "$OUT/work/realm_${s}_done.json" ]; then
+      say "$step: seed $s's REALM run is not here, so no Open-QA rows"; continue
+    fi
+    say "3. $step: REALM seed $s, $rows rows"
+    in_code -m experiments.real_text "${FLAGS[@]}" --realm_seeds=$s "${flags[@]}"
     rm -rf "$kept"; cp -r "$OUT/results" "$kept"
   fi
-  if [ "${COMMIT:-0}" = 1 ] && ! committed $s; then
-    say "3. REALM seed $s, zero-shot rows merged and committed"
-    (cd "$MAIN" && "$PY" -m experiments.real_text_merge "$OUT" $s "$kept" --rows=zero_shot &&
-     git add experiments/results && git commit -q -m "Issue 53: REALM test seed $s's zero-shot \
-rows (real_text_merge --rows=zero_shot; the chain at fc79c9e committed them as they finished)" \
-       -- experiments/results) || say "seed $s: merge or commit failed"
+  if [ "${COMMIT:-0}" = 1 ]; then
+    say "3. $step: merged and committed"
+    (cd "$MAIN" && "$PY" -m experiments.real_text_merge "$OUT" $s "$kept" --rows=$rows &&
+     git add experiments/results && git commit -q -m "Issue 53: REALM test seed $s's $rows \
+rows (real_text_merge --rows=$rows; the chain at fc79c9e committed them as they finished)" \
+       -- experiments/results) || say "$step: merge or commit failed"
   fi
-done
-
-for s in 1 2 3; do
-  kept=$OUT/results_openqa_seed$s
-  [ -e "$kept/real_text_openqa.md" ] && continue
-  # Open-QA rows only from the REALM run whose zero-shot rows these are (real_text_merge checks)
-  [ -e "$OUT/work/realm_${s}_done.json" ] || { say "seed $s: no REALM run here, no Open-QA rows"; continue; }
-  say "4. REALM seed $s, Open-QA rows"
-  in_code -m experiments.real_text "${FLAGS[@]}" --realm_seeds=$s
-  rm -rf "$kept"; cp -r "$OUT/results" "$kept"
 done
 say "done"
