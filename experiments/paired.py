@@ -117,6 +117,15 @@ def comparison(runs: Sequence[Dict], outcome: str, a: str, b: str,
   return d
 
 
+def measured(runs: Sequence[Dict], outcome: str, a: str, b: str,
+             outcome_of: Callable[[Dict, str, str], str], label: str) -> Dict:
+  """:func:`comparison` with its ``label``; where no run has both rows, only ``label``, an
+  empty ``p`` and the verdict "not measured"."""
+  if not any(None not in (outcome_of(r, outcome, a), outcome_of(r, outcome, b)) for r in runs):
+    return {"label": label, "p": {}, "verdict": f"not measured: no run has both {a} and {b}"}
+  return dict(comparison(runs, outcome, a, b, outcome_of), label=label)
+
+
 def _interval(lo_hi) -> str:
   lo, hi = lo_hi
   return "none (one seed)" if math.isnan(lo) else f"[{100 * lo:+.1f}, {100 * hi:+.1f}]"
@@ -130,12 +139,18 @@ def analysis(runs: Sequence[Dict], primary: Sequence[Comparison],
   the intervals at Holm's level (``seeds_adjusted``, ``questions_adjusted``) and ``verdict``:
   "holds" when both adjusted intervals exclude 0 in the paper's direction (above), else "not
   established". ``primary``/``secondary``: ``(label, outcome, row a, row b)``, each in the
-  paper's direction; ``outcome_of(run, outcome, row)``: a row's per-question 0/1 string."""
+  paper's direction; ``outcome_of(run, outcome, row)``: a row's per-question 0/1 string. A
+  comparison that no run measures is reported "not measured" (:func:`measured`) and, among the
+  primary ones, counts in Holm's family with p = 1."""
   out = {"primary": [], "secondary": []}
   for label, outcome, a, b in primary:
-    out["primary"].append(dict(comparison(runs, outcome, a, b, outcome_of), label=label))
-  adjusted = holm([max(c["p"].values()) for c in out["primary"]])
+    out["primary"].append(measured(runs, outcome, a, b, outcome_of, label))
+  # A comparison that no run measures stays in Holm's family, as p = 1: it is not rejected, and
+  # the others are judged at the levels the pre-registered family gives them.
+  adjusted = holm([max(c["p"].values()) if c["p"] else 1.0 for c in out["primary"]])
   for c, h in zip(out["primary"], adjusted):
+    if not c["p"]:
+      continue
     tail = 100 * (1 - h["level"]) / 2
     c["holm"] = h
     c["seeds_adjusted"] = t_interval(c["per_seed"], h["level"])
@@ -144,7 +159,10 @@ def analysis(runs: Sequence[Dict], primary: Sequence[Comparison],
     holds = (h["rejected"] and c["seeds_adjusted"][0] > 0 and c["questions_adjusted"][0] > 0)
     c["verdict"] = "holds" if holds else "not established"
   for label, outcome, a, b in secondary:
-    c = dict(comparison(runs, outcome, a, b, outcome_of), label=label)
+    c = measured(runs, outcome, a, b, outcome_of, label)
+    if not c["p"]:
+      out["secondary"].append(c)
+      continue
     excludes = all(lo > 0 or hi < 0 for lo, hi in (c["seeds_ci"], c["questions_ci"]))
     c["verdict"] = ("both 95% intervals exclude 0" if excludes
                     else "not established (an interval includes 0)")
@@ -155,6 +173,8 @@ def analysis(runs: Sequence[Dict], primary: Sequence[Comparison],
 def analysis_line(c: Dict) -> str:
   """One comparison as a Markdown list line: the number, both intervals, the signs and the
   verdict."""
+  if not c["p"]:
+    return f"- {c['label']}: **{c['verdict']}**"
   up, down, n = c["signs"]
   line = (f"- {c['label']}: {100 * c['mean']:+.1f} points; 95% over seeds "
           f"{_interval(c['seeds_ci'])}, over questions (clustered bootstrap) "

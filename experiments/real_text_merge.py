@@ -104,8 +104,8 @@ def merged_seeds(fields: Sequence[str], suffix: str = "") -> List[int]:
 def realm_md(results: str, seeds: Sequence[int], openqa: Sequence[int], note: str) -> str:
   """``real_text_realm.md`` with its seed table's rows for ``seeds`` (their committed run
   records) and, after the curves, ``note`` and the analysis over :data:`PRE_REGISTERED` once
-  ``seeds`` are all of them and some seeds (``openqa``) have their Open-QA rows (computed from
-  the committed per-question records; (b) over the seeds merged so far)."""
+  ``seeds`` are all of them (computed from the committed per-question records; (b) and the
+  mixed row over the seeds with Open-QA rows, ``openqa``, or not measured without any)."""
   with open(os.path.join(results, rt.REALM_NAME + ".md"), encoding="utf-8") as f:
     text = f.read().splitlines()
   top = next(i for i, l in enumerate(text) if l.startswith("| seed |")) + 2
@@ -115,17 +115,19 @@ def realm_md(results: str, seeds: Sequence[int], openqa: Sequence[int], note: st
   lines += ["", f"![curves]({os.path.basename(plot)})", "",
             "## The pre-registered analysis (experiments/NOTES.md sections 30 and 37)", "", note,
             ""]
-  if tuple(seeds) == PRE_REGISTERED and openqa:
+  if tuple(seeds) == PRE_REGISTERED:
     pending = [s for s in PRE_REGISTERED if s not in ZERO_SHOT_ONLY and s not in openqa]
-    if pending:
-      lines += [f"(b) and the mixed row are over seeds {', '.join(map(str, openqa))} so far; "
+    if not openqa:
+      lines += ["No seed's Open-QA rows are merged (NOTES 40: none of their REALM runs outlived "
+                "its session), so (b) and the mixed row are not measured; Holm's family still "
+                "holds (b), with p = 1.", ""]
+    elif pending:
+      lines += [f"(b) and the mixed row are over seeds {', '.join(map(str, openqa))}; "
                 f"the Open-QA rows of seeds {', '.join(map(str, pending))} are not merged.",
                 ""]
     lines += rt.analysis_lines(text_realm.analysis(text_realm.runs_from_records(
         os.path.join(results, rt.QUESTIONS_NAME + ".csv"),
         os.path.join(results, rt.OPENQA_QUESTIONS_NAME + ".csv"), seeds)))
-  elif tuple(seeds) == PRE_REGISTERED:
-    lines.append("Not computed: no seed's Open-QA rows are merged.")
   else:
     lines.append(f"Not computed: the zero-shot rows of seeds {', '.join(map(str, seeds))} of "
                  f"{', '.join(map(str, PRE_REGISTERED))} are merged.")
@@ -134,7 +136,8 @@ def realm_md(results: str, seeds: Sequence[int], openqa: Sequence[int], note: st
 
 NOTE = ("Seed 0 has its zero-shot rows only: its model was lost with its machine before its "
         "Open-QA rows ran. Seeds 1-3 run from a rebuild of the start by the same recipe at "
-        "fc79c9e, their zero-shot rows first and then their Open-QA rows (NOTES 39); "
+        "fc79c9e, their zero-shot rows first (NOTES 39); a seed's Open-QA rows must come from the "
+        "REALM run that gave its zero-shot rows, within one session here (NOTES 40); "
         "`real_text_realm_runs/rebuild_check.json` compares the rebuild with the committed "
         "records (the reader accuracies above are seed 0's readers'). (a) and REALM - BM25 are "
         "over seeds 0-3, (b) and the mixed row over seeds 1-3; the comparators are the "

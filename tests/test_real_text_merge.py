@@ -164,12 +164,18 @@ def test_zero_shot_rows_first_then_open_qa_rows_give_the_merge_of_both(tmp_path)
     merge_lib.merge(str(rebuilt), [s], str(twice), note="{zero_shot} / {openqa}",
                     rows=["zero_shot"])
   realm = (twice / "real_text_realm.md").read_text()
-  assert "0, 1, 2, 3 / none" in realm and "no seed's Open-QA rows are merged" in realm
+  assert "0, 1, 2, 3 / none" in realm and "No seed's Open-QA rows are merged" in realm
+  # With zero-shot rows alone, (a) and REALM - BM25 are computed; (b) and the mixed row are not
+  # measured, and (b) stays in Holm's family (NOTES 40).
+  assert "- (a) REALM - ICT, zero-shot recall@5: " in realm and "Holm level 97.50%" in realm
+  assert "- (b) REALM - ORQA, EM: **not measured" in realm
+  assert "- REALM retriever + ORQA's reader - ORQA, EM: **not measured" in realm
+  assert "- REALM - BM25, zero-shot recall@5: " in realm
   assert "realm_1_openqa_em" not in rows(twice / "real_text_openqa_questions.csv")[0]
   merge_lib.merge(str(rebuilt), [1], str(twice), note="{zero_shot} / {openqa}", rows=["openqa"])
   realm = (twice / "real_text_realm.md").read_text()
   assert "0, 1, 2, 3 / 1" in realm
-  assert "over seeds 1 so far; the Open-QA rows of seeds 2, 3 are not merged" in realm
+  assert "over seeds 1; the Open-QA rows of seeds 2, 3 are not merged" in realm
   with pytest.raises(merge_lib.MergeError, match="already has"):
     merge_lib.merge(str(rebuilt), [1], str(twice), rows=["openqa"])
   merge_lib.merge(str(rebuilt), [2, 3], str(twice), note="{zero_shot} / {openqa}",

@@ -176,6 +176,28 @@ def test_the_analysis_reads_the_committed_records(tmp_path):
          text_realm.MIXED: em[f"realm_{seed}_mixed"]})
 
 
+def test_comparisons_no_seed_measures_are_not_measured_and_stay_in_holms_family():
+  """NOTES 40: no seed has Open-QA rows. (a) and REALM - BM25 are the numbers they are with
+  those rows; (b) and the mixed row are "not measured"; Holm judges (a) at 1 - 0.05 / 2, as if
+  (b)'s p were 1."""
+  runs, _ = constructed_runs([0.08, 0.10, 0.09])
+  full = text_realm.analysis(runs)
+  for r in runs:
+    r["em"] = {k: v for k, v in r["em"].items() if k == text_realm.ORQA}
+  result = text_realm.analysis(runs)
+  (a, b), (mixed, bm25) = result["primary"], result["secondary"]
+  for got, want in ((a, full["primary"][0]), (bm25, full["secondary"][1])):
+    assert got["per_seed"] == pytest.approx(want["per_seed"])
+    assert got["questions_ci"] == pytest.approx(want["questions_ci"])
+    assert got["verdict"] == want["verdict"]
+  assert a["holm"]["level"] == pytest.approx(0.975) and a["verdict"] == "holds"
+  assert a["seeds_adjusted"] == pytest.approx(paired.t_interval(a["per_seed"], 0.975))
+  for c in (b, mixed):
+    assert c["verdict"].startswith("not measured") and "holm" not in c
+    assert paired.analysis_line(c) == f"- {c['label']}: **{c['verdict']}**"
+  assert paired.holm([0.01, 1.0])[0]["level"] == pytest.approx(0.975)
+
+
 def test_a_seed_without_openqa_rows_counts_in_the_zero_shot_comparisons_only(tmp_path):
   """NOTES 37: REALM test seed 0 has zero-shot records and no Open-QA ones. ``analysis`` then
   takes (a) and REALM - BM25 over every seed and (b) and the mixed row over the seeds with
