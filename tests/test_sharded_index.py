@@ -27,8 +27,11 @@ def _clustered(n, d, seed=0, num_clusters=100):
 
 
 def _reference(table, queries, k, deleted=()):
-  """NumPy: the top k live rows by inner product, ties by the lower row."""
-  scores = queries @ np.asarray(table).T
+  """NumPy: the top k live rows by inner product, ties by the lower row. Each score is its own
+  product and sum, so equal rows score equally: a BLAS matmul need not (on an AMD EPYC,
+  OpenBLAS gave two equal rows different float32 scores)."""
+  scores = (np.asarray(queries, np.float64)[:, None, :]
+            * np.asarray(table, np.float64)[None, :, :]).sum(-1)
   scores[:, np.asarray(deleted, np.int64)] = -np.inf
   order = np.lexsort((np.broadcast_to(np.arange(len(table)), scores.shape), -scores), axis=-1)
   top = order[:, :k]
