@@ -300,25 +300,28 @@ def plot_curves(out: str, seeds: Sequence[Dict], tags: Sequence[str]) -> str:
   return path
 
 
-def setting_line(seeds: Dict[int, Dict]) -> str:
+def setting_line(seeds: Dict[int, Dict], source: str = "") -> str:
+  """The seeds' settings in a line (``source``: the folder of their files, named first)."""
   first = next(iter(seeds.values()))
   s, w = first["settings"], first["world"]
   minutes = [r["minutes"] for r in seeds.values()]
-  return (f"{len(seeds)} seed(s) ({', '.join(str(k) for k in seeds)}); synthetic world "
+  return (f"{f'Seed files {source}: ' if source else ''}"
+          f"{len(seeds)} seed(s) ({', '.join(str(k) for k in seeds)}); synthetic world "
           f"{s['world_seed']} x{s['world_scale']:g} ({w['num_blocks']} blocks, "
           f"{w['test_questions']} test questions, {w['held_out_sentences']} held-out masked "
-          f"sentences, {w['news_sentences']} news sentences); REALM {s['realm_steps']} steps at "
+          f"sentences, {w['news_sentences']} news sentences); ICT {s['ict_steps']} steps; "
+          f"REALM {s['realm_steps']} steps at "
           f"lr {s['realm_learning_rate']:g} (lr_retriever {s['lr_retriever']:g}), Open-QA "
           f"{s['openqa_steps']} steps; index refreshed every {s['refresh_every']} steps; "
           f"{min(minutes):.0f}-{max(minutes):.0f} min a seed on 2 CPU cores; code "
           f"{first['fingerprints']['code']}, config {first['fingerprints']['config']}")
 
 
-def render(out: str, seeds: Dict[int, Dict], tables: Sequence[str]) -> str:
-  """Writes the requested tables (Markdown + CSV) and the curves' plot from the seed files;
-  returns the Markdown."""
+def render(out: str, seeds: Dict[int, Dict], tables: Sequence[str], source: str = "") -> str:
+  """Writes the requested tables (Markdown + CSV) and the curves' plot from the seed files
+  (of the folder ``source``, which the tables name); returns the Markdown."""
   runs = list(seeds.values())
-  setting = setting_line(seeds)
+  setting = setting_line(seeds, source)
   printed = []
   # Every cell from the per-question records (record_cells checks them against the summary).
   cells = [record_cells(r) for r in runs]
@@ -428,7 +431,9 @@ def main(argv):
     return
   if FLAGS.render:
     os.makedirs(FLAGS.render_dir, exist_ok=True)
-    print(render(FLAGS.render_dir, load_seeds(FLAGS.results_dir), tables))
+    source = os.path.relpath(os.path.abspath(FLAGS.results_dir), table_seed.REPO)
+    print(render(FLAGS.render_dir, load_seeds(FLAGS.results_dir), tables,
+                 source if not source.startswith("..") else FLAGS.results_dir))
     return
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)

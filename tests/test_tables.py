@@ -85,7 +85,7 @@ def _fake_seed(rng, seed, fingerprints=("c0de", "c0f1"), **settings):
   curves = {name: {tag: [[step, rng.uniform()] for step in (0, 100, 200)]
                    for tag in ("recall@5", "qa_recall@5", "retrieval_utility")}
             for name in table_seed.PLOTTED}
-  base = dict(world_seed=0, world_scale=1.0, realm_steps=1000, realm_learning_rate=3e-5,
+  base = dict(world_seed=0, world_scale=1.0, ict_steps=400, realm_steps=1000, realm_learning_rate=3e-5,
               lr_retriever=1.0, openqa_steps=600, refresh_every=25, staleness=30)
   return dict(seed=seed, fingerprints=dict(zip(("code", "config"), fingerprints)),
               settings=dict(base, **settings), git_commit=f"{seed}" * 40, minutes=70.0,
@@ -110,7 +110,9 @@ def test_render_every_table_and_the_plot_from_seed_files(tmp_path):
   _write_seeds(tmp_path / "results", seeds)
   loaded = tables.load_seeds(str(tmp_path / "results"))
   assert list(loaded) == [0, 1, 2]
-  text = tables.render(str(tmp_path), loaded, ["1", "2", "3"])
+  text = tables.render(str(tmp_path), loaded, ["1", "2", "3"], "experiments/results/set")
+  assert "Seed files experiments/results/set: 3 seed(s) (0, 1, 2); synthetic world" in text
+  assert "; ICT 400 steps; REALM 1000 steps" in text
   em = [s["openqa"]["REALM"]["em"] for s in seeds]
   assert f"| REALM | {tables.fmt(em)} |" in text
   news = [s["openqa"][tables.NEWS_ROW]["em"] for s in seeds]
@@ -138,7 +140,7 @@ def test_the_committed_tables_render_from_the_committed_seed_files(tmp_path):
   code fingerprint for every seed file."""
   seeds = tables.load_seeds(os.path.join(tables.RESULTS, "tables"))
   assert seeds and len({s["fingerprints"]["code"] for s in seeds.values()}) == 1
-  tables.render(str(tmp_path), seeds, ["1", "2", "3"])
+  tables.render(str(tmp_path), seeds, ["1", "2", "3"], "experiments/results/tables")
   for name in ("table1.md", "table1.csv", "table2.md", "table2.csv", "table3.md", "table3.csv"):
     with open(os.path.join(tables.RESULTS, name)) as f:
       assert (tmp_path / name).read_text() == f.read(), name
