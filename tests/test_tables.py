@@ -85,8 +85,9 @@ def _fake_seed(rng, seed, fingerprints=("c0de", "c0f1"), **settings):
   curves = {name: {tag: [[step, rng.uniform()] for step in (0, 100, 200)]
                    for tag in ("recall@5", "qa_recall@5", "retrieval_utility")}
             for name in table_seed.PLOTTED}
-  base = dict(world_seed=0, world_scale=1.0, ict_steps=400, realm_steps=1000, realm_learning_rate=3e-5,
-              lr_retriever=1.0, openqa_steps=600, refresh_every=25, staleness=30)
+  base = dict(world_seed=0, world_scale=1.0, ict_steps=400, realm_steps=1000,
+              realm_learning_rate=3e-5, lr_retriever=1.0, openqa_steps=600, refresh_every=25,
+              staleness=30)
   return dict(seed=seed, fingerprints=dict(zip(("code", "config"), fingerprints)),
               settings=dict(base, **settings), git_commit=f"{seed}" * 40, minutes=70.0,
               world=dict(num_blocks=388, test_questions=200, held_out_sentences=230,
