@@ -12,7 +12,10 @@ Its stages live in ``experiments/stages.py``:
    ``--reader_start=train`` trains it instead: it reads on ``--reading_worlds`` counterfactual
    worlds (the same names, other facts; ``tasks/reader_read.py``), then learns, beside
    distractor blocks, to predict from the query alone when a block does not help;
-3. ICT trains the retriever on the demo world, with a masked span in half of its queries;
+3. the retriever's start: ICT on the demo world, with a masked span in half of its queries; by
+   default the committed asset ``assets/demo_ict`` (those towers as this demo's recipe trains
+   them, checksummed, built by ``realm-demo --build_ict_asset``), as REALM starts from ORQA's
+   released ICT checkpoint; ``--ict_start=train`` trains it instead;
 4. REALM pre-training with ``realm-train`` and ``realm-refresh`` side by side as processes (the
    refresher re-embeds the corpus from each new checkpoint), and at the same time the
    stale-index ablation: the same run with the index built once and never refreshed;
@@ -30,6 +33,7 @@ Everything goes under ``--output_dir``; a summary is printed and saved as ``resu
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 
 from absl import flags
@@ -41,6 +45,7 @@ from experiments import assets
 from experiments import recipe_flags
 from experiments import stages
 from experiments.common import Clock
+from realm_tf import embedder_api
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
 from realm_tf.binaries import cli
@@ -59,33 +64,49 @@ flags.DEFINE_bool("build_reader_asset", False,
 flags.DEFINE_string("reader_asset_dir",
                     str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "demo_reader"),
                     "The reader asset's folder.")
+flags.DEFINE_enum("ict_start", "asset", ["asset", "train"],
+                  "The retriever's warm start: the committed asset assets/demo_ict (when it was "
+                  "built with this run's vocabulary and settings; else trained), or ICT trained "
+                  "here.")
+flags.DEFINE_bool("build_ict_asset", False,
+                  "Train the ICT start with this run's settings and write it to "
+                  "--ict_asset_dir, then stop.")
+flags.DEFINE_string("ict_asset_dir",
+                    str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "demo_ict"),
+                    "The ICT asset's folder.")
 
-# The settings the reader's start depends on: the asset is used only where they all match.
+# The settings each start depends on: an asset is used only where they all match.
 READER_SETTINGS = ("seed", "world_scale", "reading_worlds", "reading_steps", "distractor_steps",
                    "distractors", "precision")
-ASSET_FILES = ("reader.index", "reader.data-00000-of-00001")
+ICT_SETTINGS = ("seed", "world_scale", "ict_steps", "ict_learning_rate", "ict_from_reader",
+                "precision")
 
 
-# ------------------------------------------------------------------------- reader asset --
+# -------------------------------------------------------------------------------- assets --
 def reader_settings(seed: int, recipe: stages.Recipe) -> dict:
   """``READER_SETTINGS``' values in a run of world ``seed`` and ``recipe``."""
   return {name: seed if name == "seed" else getattr(recipe, name) for name in READER_SETTINGS}
 
 
+def ict_settings(seed: int, recipe: stages.Recipe) -> dict:
+  """``ICT_SETTINGS``' values in a run of world ``seed`` and ``recipe``."""
+  return {name: seed if name == "seed" else getattr(recipe, name) for name in ICT_SETTINGS}
+
+
 def asset_mismatch(asset_dir: str, vocab: str, settings: dict) -> str:
-  """Why the reader asset in ``asset_dir`` cannot stand in for the reader of a run with
-  ``settings`` (``reader_settings``) and ``vocab`` ("" when it can): missing, a file whose
-  sha256 differs from its manifest, another vocabulary, or other settings."""
+  """Why the asset in ``asset_dir`` cannot stand in for the start of a run with ``settings``
+  (``reader_settings`` or ``ict_settings``) and ``vocab`` ("" when it can): missing, a file
+  of its manifest missing or whose sha256 differs, another vocabulary, or other settings."""
   manifest_path = os.path.join(asset_dir, "MANIFEST.json")
   if not os.path.exists(manifest_path):
     return f"no {manifest_path}"
   with open(manifest_path) as f:
     manifest = json.load(f)
-  for name in ASSET_FILES:
+  for name, digest in manifest["sha256"].items():
     path = os.path.join(asset_dir, name)
     if not os.path.exists(path):
       return f"{path} is missing"
-    if assets.sha256(path) != manifest["sha256"][name]:
+    if assets.sha256(path) != digest:
       return f"{path}: sha256 differs from {manifest_path} (`git checkout` restores it)"
   if assets.sha256(vocab) != manifest["vocab_sha256"]:
     return f"it was built with another vocabulary than {vocab}"
@@ -97,35 +118,70 @@ def asset_mismatch(asset_dir: str, vocab: str, settings: dict) -> str:
   return ""
 
 
+def write_manifest(asset_dir: str, what: str, flag: str, settings: dict, vocab: str,
+                   files, metrics: dict) -> None:
+  """``asset_dir/MANIFEST.json``: what the asset is, the command that builds it, the commit,
+  ``settings``, the vocabulary's sha256 and each of ``files``' (names in ``asset_dir``), and
+  the start's last training logs."""
+  commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(__file__), check=False).stdout.strip()
+  manifest = dict(
+      what=what, built_by=f"realm-demo {flag} " + " ".join(f"--{k}={v}"
+                                                             for k, v in settings.items()),
+      commit=commit, settings=settings, vocab_sha256=assets.sha256(vocab),
+      sha256={name: assets.sha256(os.path.join(asset_dir, name)) for name in files},
+      metrics={k: round(float(v), 4) for k, v in metrics.items()})
+  with open(os.path.join(asset_dir, "MANIFEST.json"), "w") as f:
+    json.dump(manifest, f, indent=1)
+
+
+def model_variables(path: str, prefixes) -> dict:
+  """``{name: shape}`` of a checkpoint's model variables under ``prefixes`` (no optimizer
+  slots)."""
+  return {name: shape for name, shape in tf.train.list_variables(path)
+          if name.startswith(tuple(prefixes)) and "OPTIMIZER_SLOT" not in name}
+
+
 def write_reader_asset(reader_dir: str, vocab: str, metrics: dict, asset_dir: str,
                        settings: dict) -> None:
   """The reader of ``reader_dir``'s newest checkpoint alone (no optimizer slots), as the
-  checkpoint ``asset_dir/reader``, with ``MANIFEST.json``: each file's sha256, the vocabulary's,
-  ``settings`` (``reader_settings``), the reader's last training logs and the commit that
-  built it."""
+  checkpoint ``asset_dir/reader``, with its ``MANIFEST.json`` (``write_manifest``)."""
   source = model_dir_lib.latest_checkpoint(reader_dir)
   reader = factory.build_reader(model_dir_lib.load_config(reader_dir).reader)
   reader.build_from_length()
   model_dir_lib.restore(source, reader=reader)
   os.makedirs(asset_dir, exist_ok=True)
   prefix = model_dir_lib.make_checkpoint(reader=reader).write(os.path.join(asset_dir, "reader"))
-
-  def reader_variables(path):
-    return {name: shape for name, shape in tf.train.list_variables(path)
-            if name.startswith("reader/") and "OPTIMIZER_SLOT" not in name}
-  if reader_variables(prefix) != reader_variables(source):
+  if model_variables(prefix, ["reader/"]) != model_variables(source, ["reader/"]):
     raise RuntimeError(f"the asset's reader variables differ from {source}'s")
-  commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                          cwd=os.path.dirname(__file__), check=False).stdout.strip()
-  manifest = dict(
-      what="realm-demo's reader start (reading warm start + distractor fine-tuning)",
-      built_by=("realm-demo --build_reader_asset " +
-                " ".join(f"--{k}={v}" for k, v in settings.items())),
-      commit=commit, settings=settings, vocab_sha256=assets.sha256(vocab),
-      sha256={name: assets.sha256(os.path.join(asset_dir, name)) for name in ASSET_FILES},
-      metrics={k: round(float(v), 4) for k, v in metrics.items()})
-  with open(os.path.join(asset_dir, "MANIFEST.json"), "w") as f:
-    json.dump(manifest, f, indent=1)
+  write_manifest(asset_dir, "realm-demo's reader start (reading warm start + distractor "
+                 "fine-tuning)", "--build_reader_asset", settings, vocab,
+                 ("reader.index", "reader.data-00000-of-00001"), metrics)
+
+
+def write_ict_asset(ict_dir: str, metrics: dict, asset_dir: str, settings: dict) -> None:
+  """The ICT towers of ``ict_dir``'s newest checkpoint (no optimizer slots) as a model
+  directory of their own in ``asset_dir`` (its config, vocabulary and one checkpoint), with
+  its ``MANIFEST.json`` (``write_manifest``)."""
+  source = model_dir_lib.latest_checkpoint(ict_dir)
+  towers = embedder_api.Embedder.load(ict_dir)
+  if os.path.exists(asset_dir):
+    shutil.rmtree(asset_dir)
+  os.makedirs(asset_dir)
+  for name in (model_dir_lib.CONFIG_NAME, model_dir_lib.VOCAB_NAME):
+    shutil.copy(os.path.join(ict_dir, name), asset_dir)
+  step = model_dir_lib.checkpoint_step(source)
+  checkpoint = model_dir_lib.make_checkpoint(query_embedder=towers.query_embedder,
+                                             block_embedder=towers.block_embedder)
+  prefix = tf.train.CheckpointManager(checkpoint, asset_dir, max_to_keep=1).save(
+      checkpoint_number=step)
+  prefixes = ["query_embedder/", "block_embedder/"]
+  if model_variables(prefix, prefixes) != model_variables(source, prefixes):
+    raise RuntimeError(f"the asset's tower variables differ from {source}'s")
+  files = sorted(os.listdir(asset_dir))
+  write_manifest(asset_dir, "realm-demo's ICT start (the retriever's warm start)",
+                 "--build_ict_asset", settings, os.path.join(ict_dir, model_dir_lib.VOCAB_NAME),
+                 files, metrics)
 
 
 def reader_start(clock, out: str, vocab: str, world_seed: int, recipe: stages.Recipe,
@@ -148,6 +204,29 @@ def reader_start(clock, out: str, vocab: str, world_seed: int, recipe: stages.Re
     done = stages.train_warm_starts(clock, out, stages.reader_stages(recipe, vocab, corpora, out))
   reader_dir, metrics = done["reader" if "reader" in done else "reader_read"]
   return reader_dir, metrics
+
+
+def ict_start(clock, out: str, vocab: str, ict_examples: str, world_seed: int,
+              recipe: stages.Recipe, asset_dir: str = "", reader: str = ""):
+  """The ICT towers REALM and the baseline start from: ``(model dir, its metrics)``, the
+  asset in ``asset_dir`` copied to ``out/ict`` when one is given and it fits, else trained
+  there (from ``reader``, the reader's start, with ``recipe.ict_from_reader``)."""
+  ict_dir = os.path.join(out, "ict")
+  if asset_dir:
+    why = asset_mismatch(asset_dir, vocab, ict_settings(world_seed, recipe))
+    if not why:
+      with open(os.path.join(asset_dir, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+      if os.path.exists(ict_dir):
+        shutil.rmtree(ict_dir)
+      shutil.copytree(asset_dir, ict_dir)
+      clock.say(f"ICT start: the asset {asset_dir} (checksums match; --ict_start=train "
+                f"trains it, {recipe.ict_steps} steps)")
+      return ict_dir, manifest["metrics"]
+    clock.say(f"ICT start: not the asset ({why}); training it")
+  with clock.stage("ICT"):
+    return stages.train_warm_starts(
+        clock, out, stages.ict_stage(recipe, vocab, ict_examples, reader))["ict"]
 
 
 # -------------------------------------------------------------------------------- demo --
@@ -218,9 +297,13 @@ def main(argv):
                        reader_settings(seed, recipe))
     clock.say(f"reader asset written to {FLAGS.reader_asset_dir}; {clock.summary()}")
     return
-  with clock.stage("ICT"):
-    ict_dir, ict_metrics = stages.train_warm_starts(
-        clock, out, stages.ict_stage(recipe, vocab, dirs["ict"]))["ict"]
+  use_asset = FLAGS.ict_start == "asset" and not FLAGS.build_ict_asset
+  ict_dir, ict_metrics = ict_start(clock, out, vocab, dirs["ict"], seed, recipe,
+                                   FLAGS.ict_asset_dir if use_asset else "", reader_dir)
+  if FLAGS.build_ict_asset:
+    write_ict_asset(ict_dir, ict_metrics, FLAGS.ict_asset_dir, ict_settings(seed, recipe))
+    clock.say(f"ICT asset written to {FLAGS.ict_asset_dir}; {clock.summary()}")
+    return
 
   data = stages.PretrainData(dirs["pretrain"], dirs["blocks"], dirs["pretrain"])
   runs = {"refreshed": os.path.join(out, "realm")}

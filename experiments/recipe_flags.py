@@ -22,6 +22,8 @@ HELP = {
     "distractors": "Distractor blocks per sentence in that fine-tuning.",
     "ict_steps": "ICT warm-start steps.",
     "ict_learning_rate": "ICT peak learning rate.",
+    "ict_from_reader": "ICT's towers start from the reader's start's encoder (BERT's part in "
+                       "the CPU recipe), as ICT starts from BERT in the paper.",
     "realm_steps": "REALM pre-training steps (each run).",
     "realm_learning_rate": "REALM peak learning rate (the paper's; at 1e-4 the dev questions' "
                            "recall swings by 0.1 between checkpoints: experiments/NOTES.md "
@@ -44,8 +46,8 @@ for _field in dataclasses.fields(stages.Recipe):
   if _field.name == "precision":
     flags.DEFINE_enum("precision", _field.default, ["float32", "bfloat16"], HELP["precision"])
   else:
-    {int: flags.DEFINE_integer, float: flags.DEFINE_float}[_field.type](
-        _field.name, _field.default, HELP[_field.name])
+    {int: flags.DEFINE_integer, float: flags.DEFINE_float, bool: flags.DEFINE_bool}[
+        _field.type](_field.name, _field.default, HELP[_field.name])
 
 
 def recipe() -> stages.Recipe:

@@ -75,6 +75,7 @@ class Recipe:
   distractors: int = 2              # distractor blocks per sentence in that fine-tuning
   ict_steps: int = 400
   ict_learning_rate: float = 5e-4
+  ict_from_reader: bool = False     # ICT's towers start from the reader's start's encoder
   realm_steps: int = 1000           # REALM pre-training steps (each run)
   realm_learning_rate: float = 3e-5
   refresh_every: int = 25           # checkpoint (and so index refresh) interval
@@ -372,12 +373,20 @@ def reader_stages(recipe: Recipe, vocab: str, reading_corpora_yaml: str,
   return stages
 
 
-def ict_stage(recipe: Recipe, vocab: str, ict_examples: str) -> Dict[str, WarmStart]:
+def ict_stage(recipe: Recipe, vocab: str, ict_examples: str,
+              reader: str = "") -> Dict[str, WarmStart]:
   """``ict``: ICT on ``ict_examples`` (``ict_cpu__demo.yaml``: a masked span in half of the
-  queries)."""
-  return {"ict": WarmStart("ict_cpu", recipe.ict_steps, recipe.ict_learning_rate, [], dict({
+  queries); with ``recipe.ict_from_reader``, its towers' encoders start from ``reader`` (the
+  reader's start, a model directory or checkpoint, trained before this stage runs), as ICT
+  starts from BERT in the paper."""
+  settings = dict({
       "task.vocab_file": vocab, "task.model.encoder.vocab_size": vocab_size(vocab),
-      "task.train_data.input_path": os.path.join(ict_examples, "train-*")}, **runtime(recipe)))}
+      "task.train_data.input_path": os.path.join(ict_examples, "train-*")}, **runtime(recipe))
+  if recipe.ict_from_reader:
+    if not reader:
+      raise ValueError("recipe.ict_from_reader: ICT needs the reader's start")
+    settings.update({"task.init_checkpoint": reader, "task.init_encoders_from_reader": True})
+  return {"ict": WarmStart("ict_cpu", recipe.ict_steps, recipe.ict_learning_rate, [], settings)}
 
 
 def train_warm_starts(clock: Clock, out: str, stages: Dict[str, WarmStart],

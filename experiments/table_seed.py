@@ -89,7 +89,7 @@ CONFIG_FILES = ("reader_read_cpu__demo.yaml", "ict_cpu__demo.yaml",
                 "realm_pretrain_cpu__demo.yaml", "openqa_cpu__demo.yaml")
 # The settings a seed's numbers depend on (the recipe's and the tables' own).
 SETTINGS = ("world_seed", "world_scale", "reading_worlds", "reading_steps", "distractor_steps",
-            "distractors", "ict_steps", "ict_learning_rate", "realm_steps",
+            "distractors", "ict_steps", "ict_learning_rate", "ict_from_reader", "realm_steps",
             "realm_learning_rate", "refresh_every", "openqa_steps", "openqa_learning_rate",
             "qa_test_fraction", "eval_fraction", "staleness", "validation_every", "news_share",
             "lr_retriever", "table3_examples", "precision")
@@ -227,8 +227,9 @@ def warm_start_stages(recipe: stages.Recipe, data: Dict, out: str) -> Dict:
   """The warm starts of a seed trained in ``out``: the reader's, then ICT."""
   corpora = stages.reading_corpora(out, data["reading"])
   vocab = data["files"]["vocab"]
-  return dict(stages.reader_stages(recipe, vocab, corpora, out),
-              **stages.ict_stage(recipe, vocab, data["dirs"]["ict"]))
+  readers = stages.reader_stages(recipe, vocab, corpora, out)
+  return dict(readers, **stages.ict_stage(recipe, vocab, data["dirs"]["ict"],
+                                          os.path.join(out, list(readers)[-1])))
 
 
 def warm_starts(clock: Clock, out: str, data: Dict, seed: int,

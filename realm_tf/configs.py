@@ -144,9 +144,16 @@ class ReadingDataConfig(cfg.DataConfig):
 
 @dataclasses.dataclass
 class IctTaskConfig(cfg.TaskConfig):
-  """ORQA's Inverse Cloze Task, to warm-start the retriever."""
+  """ORQA's Inverse Cloze Task, to warm-start the retriever.
+
+  ``init_checkpoint``: the towers' start (a converted BERT, or a retriever's model directory);
+  with ``init_encoders_from_reader``, a checkpoint with a ``reader`` instead, whose encoder
+  starts each tower's encoder (the CPU recipe's stand-in for BERT is the reader's start; the
+  projection starts fresh).
+  """
   model: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
   vocab_file: str = ""
+  init_encoders_from_reader: bool = False
   train_data: IctDataConfig = dataclasses.field(default_factory=IctDataConfig)
   validation_data: IctDataConfig = dataclasses.field(
       default_factory=lambda: IctDataConfig(is_training=False))

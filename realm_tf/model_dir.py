@@ -126,13 +126,15 @@ def checkpoint_keys(name: str, obj) -> List[str]:
   return keys
 
 
-def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
+def restore(checkpoint_path: str, allow_missing: bool = False, part: bool = False,
+            **items) -> None:
   """Restores exactly ``items`` (e.g. ``block_embedder=model``) from a checkpoint.
 
   Anything else in the checkpoint (other items, the optimizer) is ignored. Unless
   ``allow_missing``, raises ModelDirError when a variable of ``items`` is not in the
-  checkpoint, or when the checkpoint holds a variable under an item that the item does not
-  have (another model size, an extra head), naming them; a shape mismatch always raises.
+  checkpoint, or (unless ``part``: each item is a part of what the checkpoint holds under its
+  name) when the checkpoint holds a variable under an item that the item does not have
+  (another model size, an extra head), naming them; a shape mismatch always raises.
   """
   items = {k: v for k, v in items.items() if v is not None}
   try:
@@ -146,7 +148,7 @@ def restore(checkpoint_path: str, allow_missing: bool = False, **items) -> None:
     raise ModelDirError(f"checkpoint {checkpoint_path} does not fit the model "
                         f"({', '.join(items)}): {_missing_names(checkpoint_path, items)}"
                         f"{first}") from None
-  if allow_missing:
+  if allow_missing or part:
     return
   stored = tf.train.load_checkpoint(checkpoint_path).get_variable_to_shape_map()
   for name, obj in items.items():

@@ -10,14 +10,19 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from data_prep import synthetic_world
 from experiments import assets
 from experiments import demo
 from experiments import stages
+from experiments.common import Clock
+from realm_tf import embedder_api
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import manifests
+from realm_tf.modeling import factory
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tasks import realm_pretrain
@@ -25,6 +30,7 @@ from realm_tf.tasks import realm_pretrain
 import helpers
 
 ASSET = str(assets.ROOT / "demo_reader")   # realm-demo's --reader_asset_dir by default
+ICT_ASSET = str(assets.ROOT / "demo_ict")  # and its --ict_asset_dir
 
 
 def _manifest(directory):
@@ -156,3 +162,44 @@ def test_a_reader_asset_that_does_not_fit_says_why(tmp_path):
   assert "sha256 differs" in demo.asset_mismatch(str(asset), str(vocab), settings)
   (asset / "MANIFEST.json").unlink()
   assert "no " in demo.asset_mismatch(str(asset), str(vocab), settings)
+
+
+def test_an_ict_asset_is_the_towers_alone_and_stands_in_for_ict(ict_dir, realm_world, tmp_path):
+  """``write_ict_asset`` keeps every tower variable of the ICT run's newest checkpoint, with
+  its values, and no optimizer slot; the asset is a model directory that REALM's strict
+  tower restore accepts, and ``ict_start`` copies it into the run where it fits (and says why
+  it does not where it does not)."""
+  vocab, asset = realm_world["vocab"], tmp_path / "asset"
+  settings = demo.ict_settings(0, stages.Recipe())
+  demo.write_ict_asset(ict_dir, {"recall@5": 0.25}, str(asset), settings)
+  assert demo.asset_mismatch(str(asset), vocab, settings) == ""
+  manifest = json.loads((asset / "MANIFEST.json").read_text())
+  assert "model_config.yaml" in manifest["sha256"] and manifest["settings"] == settings
+  source = model_dir_lib.latest_checkpoint(ict_dir)
+  copy = model_dir_lib.latest_checkpoint(str(asset))
+  assert model_dir_lib.checkpoint_step(copy) == model_dir_lib.checkpoint_step(source) == 4
+  stored = dict(tf.train.list_variables(copy))
+  assert stored and not any("OPTIMIZER_SLOT" in name for name in stored)
+  source_reader, copy_reader = tf.train.load_checkpoint(source), tf.train.load_checkpoint(copy)
+  towers = demo.model_variables(source, ["query_embedder/", "block_embedder/"])
+  assert set(stored) - set(towers) <= {"_CHECKPOINTABLE_OBJECT_GRAPH",
+                                       "save_counter/.ATTRIBUTES/VARIABLE_VALUE"}
+  for name in towers:
+    np.testing.assert_array_equal(copy_reader.get_tensor(name), source_reader.get_tensor(name))
+  query, block = factory.build_embedders(model_dir_lib.load_config(str(asset)).retriever)
+  model_dir_lib.restore(copy, query_embedder=query, block_embedder=block)   # strict, as REALM's
+
+  out = tmp_path / "run"
+  ict, metrics = demo.ict_start(Clock("test", 0), str(out), vocab, "unused", 0,
+                                stages.Recipe(), str(asset))
+  assert (ict, metrics) == (str(out / "ict"), {"recall@5": 0.25})
+  assert str(tmp_path) not in (out / "ict" / "checkpoint").read_text()   # relative paths
+  questions = [r["question"] for r in realm_world["world"].qa[:4]]
+  assert len(questions) == 4
+  np.testing.assert_array_equal(embedder_api.Embedder.load(ict).embed_queries(questions),
+                                embedder_api.Embedder.load(ict_dir).embed_queries(questions))
+  other = demo.ict_settings(0, stages.Recipe(ict_steps=7))
+  assert f"--ict_steps={settings['ict_steps']} (this run: 7)" in demo.asset_mismatch(
+      str(asset), vocab, other)
+  (asset / "vocab.txt").write_text("[PAD]\n")
+  assert "vocab.txt: sha256 differs" in demo.asset_mismatch(str(asset), vocab, settings)

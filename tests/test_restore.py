@@ -8,8 +8,11 @@ import tensorflow as tf
 import tf_keras
 
 import helpers
+from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.modeling import factory
+from realm_tf.tasks import ict as ict_task
+from realm_tf.tokenization import load_vocab
 
 
 def reader(span_head=True, layers=2):
@@ -82,3 +85,34 @@ def test_checkpoint_keys_are_the_writers(tmp_path):
              if k.startswith("reader/") and ".OPTIMIZER_SLOT" not in k}
   keys = model_dir_lib.checkpoint_keys("reader", model)
   assert set(keys) == written and len(keys) == len({id(v) for v in model.weights})
+
+
+def test_ict_towers_start_from_a_readers_encoder(realm_world, reader_dir):
+  """``init_encoders_from_reader``: each tower's encoder holds the reader's encoder, value for
+  value, and the projection stays fresh; a reader of another shape is refused, naming what
+  does not fit."""
+  size = len(load_vocab(realm_world["vocab"]))
+
+  def ict(*overrides):
+    params = configs.load_experiment("ict_cpu", params_override=",".join([
+        f"task.vocab_file={realm_world['vocab']}", f"task.model.encoder.vocab_size={size}",
+        "task.model.encoder.hidden_size=32", "task.model.encoder.intermediate_size=64",
+        f"task.init_checkpoint={reader_dir}", "task.init_encoders_from_reader=true",
+        *overrides]))
+    task = ict_task.IctTask(params.task)
+    model = task.build_model()
+    fresh = [v.numpy().copy() for v in model.query_embedder.projection.variables]
+    task.initialize(model)
+    return model, fresh
+
+  model, fresh = ict()
+  the_reader = factory.build_reader(model_dir_lib.load_config(reader_dir).reader)
+  model_dir_lib.restore(model_dir_lib.latest_checkpoint(reader_dir), reader=the_reader)
+  towers, theirs = model.query_embedder.encoder.variables, the_reader.encoder.variables
+  assert [v.shape for v in towers] == [v.shape for v in theirs] and len(towers) > 10
+  for variable, source in zip(towers, theirs):
+    np.testing.assert_array_equal(variable.numpy(), source.numpy())
+  for before, variable in zip(fresh, model.query_embedder.projection.variables):
+    np.testing.assert_array_equal(variable.numpy(), before)
+  with pytest.raises(model_dir_lib.ModelDirError, match="does not fit"):
+    ict("task.model.encoder.hidden_size=48")

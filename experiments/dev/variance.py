@@ -135,8 +135,15 @@ def recipe_with(fields: Dict[str, str]) -> stages.Recipe:
   """The tables' recipe with ``fields`` (``name: text`` from the command line, each converted
   to its field's type)."""
   default = stages.Recipe()
-  return dataclasses.replace(default, **{k: type(getattr(default, k))(v)
-                                         for k, v in fields.items()})
+
+  def typed(name, text):
+    kind = type(getattr(default, name))
+    if kind is bool:
+      if text not in ("0", "1", "false", "true", "False", "True"):
+        raise ValueError(f"{name}={text}: give 1 or 0")
+      return text in ("1", "true", "True")
+    return kind(text)
+  return dataclasses.replace(default, **{k: typed(k, v) for k, v in fields.items()})
 
 
 def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], repeats: int = 1,
@@ -170,7 +177,7 @@ def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], rep
           base, data["reading"]), base), seed=reader_seed)
   reader_dir = reader["reader" if "reader" in reader else "reader_read"][0]
   ict = {a: stages.train_warm_starts(clock, os.path.join(out, f"ict_{a}"), stages.ict_stage(
-      recipe, vocab, dirs["ict"]), seed=a)["ict"][0] for a in ict_seeds}
+      recipe, vocab, dirs["ict"], reader_dir), seed=a)["ict"][0] for a in ict_seeds}
   cells: List[Tuple[int, int, int]] = [(a, b, 0) for a in ict_seeds for b in realm_seeds]
   cells += [(ict_seeds[0], realm_seeds[0], r) for r in range(1, repeats)]
   where = stages.PretrainData(dirs["pretrain_salient"], dirs["blocks"], dirs["pretrain_salient"])

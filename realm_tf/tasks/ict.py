@@ -7,11 +7,13 @@ fresh removal coin), as ORQA does. The other blocks of the batch are the negativ
 the blocks of the whole global batch (gathered across replicas), as ORQA's TPU code did.
 """
 
+from absl import logging
 import tensorflow as tf
 import tf_keras
 from official.core import task_factory
 
 from realm_tf import configs
+from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import loaders
 from realm_tf.modeling import losses
 from realm_tf.tasks import base
@@ -47,6 +49,19 @@ class IctTask(base.RealmBaseTask):
 
   def build_model(self) -> RetrieverModel:
     return RetrieverModel.from_config_dataclass(self.task_config.model)
+
+  def initialize(self, model: RetrieverModel):
+    """``init_checkpoint`` as the base task restores it, or, with
+    ``init_encoders_from_reader``, its reader's encoder into each tower's encoder: every
+    encoder variable must be there, at its shape (ModelDirError otherwise)."""
+    cfg = self.task_config
+    if not (cfg.init_checkpoint and cfg.init_encoders_from_reader):
+      return super().initialize(model)
+    path = model_dir_lib.resolve_checkpoint(cfg.init_checkpoint)
+    towers = {id(e): e for e in (model.query_embedder, model.block_embedder)}.values()
+    for embedder in towers:
+      model_dir_lib.restore(path, part=True, reader=tf.train.Checkpoint(encoder=embedder.encoder))
+    logging.info("ICT towers' encoders initialized from the reader of %s", path)
 
   def model_dir_config(self):
     """The model directory's config: no reader in ICT, the recorded one mirrors the towers."""
