@@ -116,3 +116,5 @@ def test_ict_towers_start_from_a_readers_encoder(realm_world, reader_dir):
     np.testing.assert_array_equal(variable.numpy(), before)
   with pytest.raises(model_dir_lib.ModelDirError, match="does not fit"):
     ict("task.model.encoder.hidden_size=48")
+  with pytest.raises(configs.ConfigError, match="needs task.init_checkpoint"):
+    ict("task.init_checkpoint=")

@@ -55,7 +55,10 @@ class IctTask(base.RealmBaseTask):
     ``init_encoders_from_reader``, its reader's encoder into each tower's encoder: every
     encoder variable must be there, at its shape (ModelDirError otherwise)."""
     cfg = self.task_config
-    if not (cfg.init_checkpoint and cfg.init_encoders_from_reader):
+    if cfg.init_encoders_from_reader and not cfg.init_checkpoint:
+      raise configs.ConfigError("task.init_encoders_from_reader needs task.init_checkpoint: "
+                                "the reader's start")
+    if not cfg.init_encoders_from_reader:
       return super().initialize(model)
     path = model_dir_lib.resolve_checkpoint(cfg.init_checkpoint)
     towers = {id(e): e for e in (model.query_embedder, model.block_embedder)}.values()
