@@ -88,9 +88,15 @@ def reader_settings(seed: int, recipe: stages.Recipe) -> dict:
   return {name: seed if name == "seed" else getattr(recipe, name) for name in READER_SETTINGS}
 
 
-def ict_settings(seed: int, recipe: stages.Recipe) -> dict:
-  """``ICT_SETTINGS``' values in a run of world ``seed`` and ``recipe``."""
-  return {name: seed if name == "seed" else getattr(recipe, name) for name in ICT_SETTINGS}
+def ict_settings(seed: int, recipe: stages.Recipe, reader: str = "") -> dict:
+  """``ICT_SETTINGS``' values in a run of world ``seed`` and ``recipe``; with
+  ``recipe.ict_from_reader``, also the sha256 of the reader start's weights (``reader``: its
+  checkpoint or model directory), which ICT starts from."""
+  out = {name: seed if name == "seed" else getattr(recipe, name) for name in ICT_SETTINGS}
+  if recipe.ict_from_reader:
+    prefix = model_dir_lib.resolve_checkpoint(reader)
+    out["reader_sha256"] = assets.sha256(f"{prefix}.data-00000-of-00001")
+  return out
 
 
 def asset_mismatch(asset_dir: str, vocab: str, settings: dict) -> str:
@@ -112,6 +118,9 @@ def asset_mismatch(asset_dir: str, vocab: str, settings: dict) -> str:
     return f"it was built with another vocabulary than {vocab}"
   differ = {k: (v, manifest["settings"].get(k)) for k, v in settings.items()
             if manifest["settings"].get(k) != v}
+  if "reader_sha256" in differ:
+    return ("it was built from another reader start (ICT starts from the reader's; the "
+            "asset goes with the reader asset)")
   if differ:
     return "it was built with other settings: " + ", ".join(
         f"--{k}={theirs} (this run: {ours})" for k, (ours, theirs) in differ.items())
@@ -126,8 +135,8 @@ def write_manifest(asset_dir: str, what: str, flag: str, settings: dict, vocab: 
   commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(__file__), check=False).stdout.strip()
   manifest = dict(
-      what=what, built_by=f"realm-demo {flag} " + " ".join(f"--{k}={v}"
-                                                             for k, v in settings.items()),
+      what=what, built_by=f"realm-demo {flag} " + " ".join(
+          f"--{k}={v}" for k, v in settings.items() if k in FLAGS),
       commit=commit, settings=settings, vocab_sha256=assets.sha256(vocab),
       sha256={name: assets.sha256(os.path.join(asset_dir, name)) for name in files},
       metrics={k: round(float(v), 4) for k, v in metrics.items()})
@@ -213,7 +222,7 @@ def ict_start(clock, out: str, vocab: str, ict_examples: str, world_seed: int,
   there (from ``reader``, the reader's start, with ``recipe.ict_from_reader``)."""
   ict_dir = os.path.join(out, "ict")
   if asset_dir:
-    why = asset_mismatch(asset_dir, vocab, ict_settings(world_seed, recipe))
+    why = asset_mismatch(asset_dir, vocab, ict_settings(world_seed, recipe, reader))
     if not why:
       with open(os.path.join(asset_dir, "MANIFEST.json")) as f:
         manifest = json.load(f)
@@ -301,7 +310,8 @@ def main(argv):
   ict_dir, ict_metrics = ict_start(clock, out, vocab, dirs["ict"], seed, recipe,
                                    FLAGS.ict_asset_dir if use_asset else "", reader_dir)
   if FLAGS.build_ict_asset:
-    write_ict_asset(ict_dir, ict_metrics, FLAGS.ict_asset_dir, ict_settings(seed, recipe))
+    write_ict_asset(ict_dir, ict_metrics, FLAGS.ict_asset_dir,
+                    ict_settings(seed, recipe, reader_dir))
     clock.say(f"ICT asset written to {FLAGS.ict_asset_dir}; {clock.summary()}")
     return
 

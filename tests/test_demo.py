@@ -201,5 +201,16 @@ def test_an_ict_asset_is_the_towers_alone_and_stands_in_for_ict(ict_dir, realm_w
   other = demo.ict_settings(0, stages.Recipe(ict_steps=7))
   assert f"--ict_steps={settings['ict_steps']} (this run: 7)" in demo.asset_mismatch(
       str(asset), vocab, other)
+  # ICT from the reader's start: the asset holds for that start alone.
+  from_reader = demo.ict_settings(0, stages.Recipe(ict_from_reader=True),
+                                  os.path.join(ASSET, "reader"))
+  with open(os.path.join(ASSET, "MANIFEST.json")) as f:
+    reader_data = json.load(f)["sha256"]["reader.data-00000-of-00001"]
+  assert from_reader["reader_sha256"] == reader_data
+  manifest["settings"] = from_reader
+  (asset / "MANIFEST.json").write_text(json.dumps(manifest))
+  assert demo.asset_mismatch(str(asset), vocab, from_reader) == ""
+  assert "another reader start" in demo.asset_mismatch(
+      str(asset), vocab, dict(from_reader, reader_sha256="0" * 64))
   (asset / "vocab.txt").write_text("[PAD]\n")
   assert "vocab.txt: sha256 differs" in demo.asset_mismatch(str(asset), vocab, settings)
