@@ -126,7 +126,8 @@ def test_ict_plateau_at_the_smallest_size(tmp_path):
   out = tmp_path / "plateau"
   proc = helpers.run_process(
       "experiments.dev.ict_plateau", str(out), "4", "100", "every=2", "world_scale=0.3",
-      "reading_worlds=1", timeout=1200)
+      "reading_worlds=1", "reading_steps=4", "distractor_steps=3", "ict_from_reader=1",
+      timeout=1200)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   result = json.loads((out / "ict_plateau.json").read_text())
   curve = result["curves"]["100"]

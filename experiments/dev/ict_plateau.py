@@ -7,8 +7,10 @@ with ``ict_steps=STEPS`` in the same OUT starts REALM from these), and scores ev
 zero-shot recall@5 on the world's non-test questions (``OUT/qa-nontest.jsonl``), per question.
 Results in ``OUT/ict_plateau.json``: ``{seed: [[step, recall, hits], ...]}``.
 
-usage: python -m experiments.dev.ict_plateau OUT STEPS SEEDS [every=400] [recipe_field=value ...]
-  e.g. OUT 2400 100,101,102 (seeds 100 or more: dev).
+usage: python -m experiments.dev.ict_plateau OUT STEPS SEEDS [every=400] [reader_seed=100]
+           [recipe_field=value ...]
+  e.g. OUT 2400 100,101,102 (seeds 100 or more: dev). With ict_from_reader, ICT starts from the
+  reader of seed reader_seed, trained in OUT/reader_<seed> as experiments.dev.variance does.
 """
 import dataclasses
 import json
@@ -34,15 +36,17 @@ def checkpoints(model_dir: str) -> List[str]:
 
 
 def run(out: str, steps: int, seeds: List[int], every: int = 400,
-        recipe: stages.Recipe = stages.Recipe()) -> Dict:
-  variance.check_dev_seeds(seeds)
+        recipe: stages.Recipe = stages.Recipe(), reader_seed: int = 100) -> Dict:
+  variance.check_dev_seeds(seeds + [reader_seed])
   clock = Clock("ict_plateau")
   recipe = dataclasses.replace(recipe, ict_steps=steps)
   data = table_seed.prepare(clock, out, table_seed.TableSettings(), recipe)
   questions = variance.nontest_questions(data["files"], os.path.join(out, "qa-nontest.jsonl"))
   task = table_seed.realm_task(data, questions)
   model = task.build_model()
-  stage = stages.ict_stage(recipe, data["files"]["vocab"], data["dirs"]["ict"])["ict"]
+  reader = (variance.train_reader(clock, out, data, recipe, reader_seed)
+            if recipe.ict_from_reader else "")
+  stage = stages.ict_stage(recipe, data["files"]["vocab"], data["dirs"]["ict"], reader)["ict"]
   stage = stage._replace(settings=dict(
       stage.settings, **{"trainer.checkpoint_interval": every,
                          "trainer.max_to_keep": steps // every + 1}))
@@ -69,8 +73,9 @@ def run(out: str, steps: int, seeds: List[int], every: int = 400,
 def main(argv):
   options = dict(arg.split("=", 1) for arg in argv[4:])
   every = int(options.pop("every", 400))
+  reader_seed = int(options.pop("reader_seed", 100))
   run(argv[1], int(argv[2]), [int(s) for s in argv[3].split(",")], every=every,
-      recipe=variance.recipe_with(options))
+      recipe=variance.recipe_with(options), reader_seed=reader_seed)
 
 
 if __name__ == "__main__":

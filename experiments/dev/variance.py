@@ -146,6 +146,17 @@ def recipe_with(fields: Dict[str, str]) -> stages.Recipe:
   return dataclasses.replace(default, **{k: typed(k, v) for k, v in fields.items()})
 
 
+def train_reader(clock: Clock, out: str, data: Dict, recipe: stages.Recipe, seed: int) -> str:
+  """The reader's start of seed ``seed`` for the world ``data`` (``table_seed.prepare``),
+  trained in ``out/reader_<seed>`` (skipped when trained): its model directory."""
+  base = os.path.join(out, f"reader_{seed}")
+  os.makedirs(base, exist_ok=True)
+  reader = stages.train_warm_starts(
+      clock, base, stages.reader_stages(recipe, data["files"]["vocab"], stages.reading_corpora(
+          base, data["reading"]), base), seed=seed)
+  return reader["reader" if "reader" in reader else "reader_read"][0]
+
+
 def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], repeats: int = 1,
              reader_seed: int = 100, parallel: int = 2,
              recipe: stages.Recipe = stages.Recipe()) -> Dict:
@@ -170,12 +181,7 @@ def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], rep
   data = table_seed.prepare(clock, out, table, recipe)
   vocab, dirs = data["files"]["vocab"], data["dirs"]
   questions = nontest_questions(data["files"], os.path.join(out, "qa-nontest.jsonl"))
-  base = os.path.join(out, f"reader_{reader_seed}")
-  os.makedirs(base, exist_ok=True)
-  reader = stages.train_warm_starts(
-      clock, base, stages.reader_stages(recipe, vocab, stages.reading_corpora(
-          base, data["reading"]), base), seed=reader_seed)
-  reader_dir = reader["reader" if "reader" in reader else "reader_read"][0]
+  reader_dir = train_reader(clock, out, data, recipe, reader_seed)
   ict = {a: stages.train_warm_starts(clock, os.path.join(out, f"ict_{a}"), stages.ict_stage(
       recipe, vocab, dirs["ict"], reader_dir), seed=a)["ict"][0] for a in ict_seeds}
   cells: List[Tuple[int, int, int]] = [(a, b, 0) for a in ict_seeds for b in realm_seeds]
