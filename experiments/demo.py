@@ -221,7 +221,9 @@ def ict_start(clock, out: str, vocab: str, ict_examples: str, world_seed: int,
   asset in ``asset_dir`` copied to ``out/ict`` when one is given and it fits, else trained
   there (from ``reader``, the reader's start, with ``recipe.ict_from_reader``)."""
   ict_dir = os.path.join(out, "ict")
-  if asset_dir:
+  if asset_dir and not os.path.isdir(asset_dir):
+    clock.say(f"ICT start: trained here (no asset {asset_dir}; --build_ict_asset builds one)")
+  elif asset_dir:
     why = asset_mismatch(asset_dir, vocab, ict_settings(world_seed, recipe, reader))
     if not why:
       with open(os.path.join(asset_dir, "MANIFEST.json")) as f:
