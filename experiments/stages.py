@@ -373,6 +373,12 @@ def reader_stages(recipe: Recipe, vocab: str, reading_corpora_yaml: str,
   return stages
 
 
+def final_reader(names) -> str:
+  """Which of ``reader_stages``' names (or of a dict keyed by them) REALM and the baseline
+  start from: the distractor fine-tune where there is one, else the reading warm start."""
+  return "reader" if "reader" in names else "reader_read"
+
+
 def ict_stage(recipe: Recipe, vocab: str, ict_examples: str,
               reader: str = "") -> Dict[str, WarmStart]:
   """``ict``: ICT on ``ict_examples`` (``ict_cpu__demo.yaml``: a masked span in half of the

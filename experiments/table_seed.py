@@ -229,7 +229,7 @@ def warm_start_stages(recipe: stages.Recipe, data: Dict, out: str) -> Dict:
   vocab = data["files"]["vocab"]
   readers = stages.reader_stages(recipe, vocab, corpora, out)
   return dict(readers, **stages.ict_stage(recipe, vocab, data["dirs"]["ict"],
-                                          os.path.join(out, list(readers)[-1])))
+                                          os.path.join(out, stages.final_reader(readers))))
 
 
 def warm_starts(clock: Clock, out: str, data: Dict, seed: int,
@@ -239,7 +239,7 @@ def warm_starts(clock: Clock, out: str, data: Dict, seed: int,
   reader REALM and the baseline start from, "ict": ..., and the stages}``."""
   done = stages.train_warm_starts(clock, out, warm_start_stages(recipe, data, out), seed=seed)
   dirs = {name: model_dir for name, (model_dir, _) in done.items()}
-  dirs["bert"] = dirs["reader" if "reader" in dirs else "reader_read"]
+  dirs["bert"] = dirs[stages.final_reader(dirs)]
   return dirs
 
 

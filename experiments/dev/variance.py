@@ -154,7 +154,7 @@ def train_reader(clock: Clock, out: str, data: Dict, recipe: stages.Recipe, seed
   reader = stages.train_warm_starts(
       clock, base, stages.reader_stages(recipe, data["files"]["vocab"], stages.reading_corpora(
           base, data["reading"]), base), seed=seed)
-  return reader["reader" if "reader" in reader else "reader_read"][0]
+  return reader[stages.final_reader(reader)][0]
 
 
 def run_grid(out: str, ict_seeds: Sequence[int], realm_seeds: Sequence[int], repeats: int = 1,
