@@ -83,16 +83,21 @@ ICT_SETTINGS = ("seed", "world_scale", "ict_steps", "ict_learning_rate", "ict_fr
 
 
 # -------------------------------------------------------------------------------- assets --
+def _settings(names, seed: int, recipe: stages.Recipe) -> dict:
+  """``names``' values in a run of world ``seed`` and ``recipe``."""
+  return {name: seed if name == "seed" else getattr(recipe, name) for name in names}
+
+
 def reader_settings(seed: int, recipe: stages.Recipe) -> dict:
   """``READER_SETTINGS``' values in a run of world ``seed`` and ``recipe``."""
-  return {name: seed if name == "seed" else getattr(recipe, name) for name in READER_SETTINGS}
+  return _settings(READER_SETTINGS, seed, recipe)
 
 
 def ict_settings(seed: int, recipe: stages.Recipe, reader: str = "") -> dict:
   """``ICT_SETTINGS``' values in a run of world ``seed`` and ``recipe``; with
   ``recipe.ict_from_reader``, also the sha256 of the reader start's weights (``reader``: its
   checkpoint or model directory), which ICT starts from."""
-  out = {name: seed if name == "seed" else getattr(recipe, name) for name in ICT_SETTINGS}
+  out = _settings(ICT_SETTINGS, seed, recipe)
   if recipe.ict_from_reader:
     prefix = model_dir_lib.resolve_checkpoint(reader)
     out["reader_sha256"] = assets.sha256(f"{prefix}.data-00000-of-00001")
@@ -211,7 +216,7 @@ def reader_start(clock, out: str, vocab: str, world_seed: int, recipe: stages.Re
                                             world_seed)
     corpora = stages.reading_corpora(out, reading)
     done = stages.train_warm_starts(clock, out, stages.reader_stages(recipe, vocab, corpora, out))
-  reader_dir, metrics = done["reader" if "reader" in done else "reader_read"]
+  reader_dir, metrics = done[stages.final_reader(done)]
   return reader_dir, metrics
 
 
