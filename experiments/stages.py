@@ -73,7 +73,7 @@ class Recipe:
   reading_steps: int = 6000         # reading warm-start steps of the reader
   distractor_steps: int = 1500      # the reader's fine-tuning beside distractors (0: none)
   distractors: int = 2              # distractor blocks per sentence in that fine-tuning
-  ict_steps: int = 400
+  ict_steps: int = 2400            # ICT warm-start steps (frozen for test seeds 6-13: NOTES 42)
   ict_learning_rate: float = 5e-4
   ict_from_reader: bool = False     # ICT's towers start from the reader's start's encoder
   realm_steps: int = 1000           # REALM pre-training steps (each run)

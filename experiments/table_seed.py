@@ -49,6 +49,7 @@ from data_prep import useful_examples
 from experiments import stages
 from experiments.common import Clock
 from experiments.common import write_json
+from realm_tf import hardware
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.modeling import losses
@@ -423,7 +424,8 @@ def run_seed(clock: Clock, out: str, results_dir: str, seed: int, recipe: stages
   result = dict(
       seed=seed, fingerprints=fingerprints, settings={k: v for k, v in config.items()
                                                       if not k.startswith("yaml:")},
-      git_commit=git_commit(), minutes=round(clock.minutes(), 1), stages=clock.laps,
+      git_commit=git_commit(), minutes=round(clock.minutes(), 1), cpu=hardware.cpu_model(),
+      stages=clock.laps,
       world=dict(num_blocks=data["num_blocks"], test_questions=data["num_test_questions"],
                  held_out_sentences=data["num_held_out_sentences"],
                  news_sentences=data["num_news_sentences"]),

@@ -305,6 +305,7 @@ def setting_line(seeds: Dict[int, Dict], source: str = "") -> str:
   first = next(iter(seeds.values()))
   s, w = first["settings"], first["world"]
   minutes = [r["minutes"] for r in seeds.values()]
+  cpus = sorted({r["cpu"] for r in seeds.values() if "cpu" in r})
   return (f"{f'Seed files {source}: ' if source else ''}"
           f"{len(seeds)} seed(s) ({', '.join(str(k) for k in seeds)}); synthetic world "
           f"{s['world_seed']} x{s['world_scale']:g} ({w['num_blocks']} blocks, "
@@ -313,7 +314,8 @@ def setting_line(seeds: Dict[int, Dict], source: str = "") -> str:
           f"REALM {s['realm_steps']} steps at "
           f"lr {s['realm_learning_rate']:g} (lr_retriever {s['lr_retriever']:g}), Open-QA "
           f"{s['openqa_steps']} steps; index refreshed every {s['refresh_every']} steps; "
-          f"{min(minutes):.0f}-{max(minutes):.0f} min a seed on 2 CPU cores; code "
+          f"{min(minutes):.0f}-{max(minutes):.0f} min a seed on 2 CPU cores"
+          f"{' (' + '; '.join(cpus) + ')' if cpus else ''}; code "
           f"{first['fingerprints']['code']}, config {first['fingerprints']['config']}")
 
 
