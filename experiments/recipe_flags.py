@@ -10,6 +10,7 @@ import dataclasses
 from absl import flags
 
 from experiments import stages
+from realm_tf import train_lib
 
 FLAGS = flags.FLAGS
 
@@ -51,6 +52,9 @@ for _field in dataclasses.fields(stages.Recipe):
 
 
 def recipe() -> stages.Recipe:
-  """The recipe the flags give."""
-  return stages.Recipe(**{f.name: FLAGS[f.name].value
-                          for f in dataclasses.fields(stages.Recipe)})
+  """The recipe the flags give; ``--precision=bfloat16`` is refused up front (ConfigError)
+  where the CPU would train it without bfloat16 arithmetic (``train_lib.check_bfloat16_device``)."""
+  given = stages.Recipe(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(stages.Recipe)})
+  if given.precision == "bfloat16":
+    train_lib.check_bfloat16_device()
+  return given

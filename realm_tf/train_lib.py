@@ -39,6 +39,7 @@ from official.core import train_utils
 from official.modeling import performance
 
 from realm_tf import configs
+from realm_tf import hardware
 from realm_tf import health
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.modeling import precision
@@ -196,6 +197,20 @@ def precision_policy(dtype: Optional[str]):
     performance.set_mixed_precision_policy("float32")
 
 
+def check_bfloat16_device(strategy: Optional[tf.distribute.Strategy] = None) -> None:
+  """Raises ConfigError, in one line, where bfloat16 steps would run on a CPU that does not
+  compute bfloat16 (``hardware.cpu_bfloat16_problem``). ``strategy``: where the steps run
+  (default: this process's devices); TPUs and GPUs compute bfloat16 themselves."""
+  if strategy is not None:
+    kinds = {tf.DeviceSpec.from_string(d).device_type for d in strategy.extended.worker_devices}
+  else:
+    kinds = {d.device_type for d in tf.config.list_logical_devices()}
+  if kinds <= {"CPU"}:
+    problem = hardware.cpu_bfloat16_problem()
+    if problem:
+      raise configs.ConfigError(problem)
+
+
 def get_strategy(params, tpu: Optional[str] = None) -> tf.distribute.Strategy:
   """The strategy of ``params.runtime`` (``tpu`` overrides its TPU address)."""
   runtime = params.runtime
@@ -226,6 +241,8 @@ def run_experiment(params, model_dir: str, mode: str = "train",
   _log_orbit_lines_once()
   with precision_policy(params.runtime.mixed_precision_dtype):
     strategy = strategy or get_strategy(params)
+    if params.runtime.mixed_precision_dtype == "bfloat16":
+      check_bfloat16_device(strategy)
     task = task or task_factory.get_task(params.task, logging_dir=model_dir)
     model_config, vocab_file = task.model_dir_config()
     if "train" in mode:

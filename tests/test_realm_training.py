@@ -21,12 +21,14 @@ import tempfile
 import sys
 import threading
 
+from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from data_prep import synthetic_world
 from realm_tf import configs
+from realm_tf import hardware
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
 from realm_tf.data import loaders
@@ -323,11 +325,42 @@ def _object_values(module):
 
 def test_bfloat16_runtime_trains(realm_world):
   """runtime.mixed_precision_dtype=bfloat16 through run_experiment: finite loss, float32
-  variables in the checkpoint."""
-  path, logs = helpers.train_ict(realm_world, "ict_bf16", 2, "task.model.projection_size=16",
-                                 "runtime.mixed_precision_dtype=bfloat16")
+  variables in the checkpoint; on a CPU that does not compute bfloat16, refused before the
+  model directory is written."""
+  bf16 = ("task.model.projection_size=16", "runtime.mixed_precision_dtype=bfloat16")
+  problem = hardware.cpu_bfloat16_problem()
+  if problem:
+    with pytest.raises(configs.ConfigError) as refused:
+      helpers.train_ict(realm_world, "ict_bf16", 2, *bf16)
+    assert str(refused.value) == problem
+    assert not os.path.exists(realm_world["root"] / "ict_bf16")
+    return
+  path, logs = helpers.train_ict(realm_world, "ict_bf16", 2, *bf16)
   assert np.isfinite(logs["training_loss"])
   reader = tf.train.load_checkpoint(model_dir_lib.latest_checkpoint(path))
   dtypes = reader.get_variable_to_dtype_map()
   assert {dtypes[k] for k in dtypes if k.startswith("block_embedder/") and
           k.endswith("VARIABLE_VALUE")} == {tf.float32}
+
+
+def test_bfloat16_is_refused_up_front_where_tensorflows_own_kernels_would_compute_it(
+    realm_world, monkeypatch):
+  """With oneDNN off (as on a CPU without bfloat16 instructions), run_experiment and the
+  experiments' --precision=bfloat16 refuse in one line before anything is written; float32
+  and a TPU or GPU strategy are not refused."""
+  monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+  problem = hardware.cpu_bfloat16_problem()
+  assert problem.startswith("bfloat16 training on the CPU is refused: ") and "\n" not in problem
+  assert problem.endswith("float32 is the default")
+  with pytest.raises(configs.ConfigError) as refused:
+    helpers.train_ict(realm_world, "ict_bf16_refused", 2, "runtime.mixed_precision_dtype=bfloat16")
+  assert str(refused.value) == problem
+  assert not os.path.exists(realm_world["root"] / "ict_bf16_refused")
+  with pytest.raises(configs.ConfigError, match="refused"):
+    train_lib.check_bfloat16_device(tf.distribute.OneDeviceStrategy("/cpu:0"))
+  gpu = type("Gpu", (), {"extended": type("E", (), {"worker_devices": ("/device:GPU:0",)})})
+  train_lib.check_bfloat16_device(gpu)   # a GPU computes bfloat16 itself
+  from experiments import recipe_flags  # pylint: disable=g-import-not-at-top
+  with flagsaver.flagsaver(precision="bfloat16"):
+    with pytest.raises(configs.ConfigError, match="refused"):
+      recipe_flags.recipe()
