@@ -9,9 +9,14 @@ MINILM := assets/minilm/model.safetensors
 # Two pytest workers (the machine's two cores), each module whole on one worker (its module
 # fixtures built once), in conftest.py's order (the long modules first); the session fixtures
 # are built once per worker.
+# The slow tier's own environment for the real Hugging Face libraries (realm-export's folders
+# loaded by sentence-transformers and transformers on CPU torch), pinned; never beside TensorFlow.
+HF_VENV ?= .venv-hf
+HF_STAMP := $(HF_VENV)/.installed
+HF_PACKAGES := torch==2.13.0 transformers==5.17.0 sentence-transformers==6.0.1
 PYTEST := $(PY) -m pytest -q --durations=25 -n 2 --dist loadfile --no-loadscope-reorder tests
 
-.PHONY: demo test test-all install assets browser clean
+.PHONY: demo test test-all install assets browser hf-venv clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,8 +45,15 @@ browser:
 	  apt-get update && apt-get install -y chromium chromium-driver; \
 	else echo "the browser test needs chromium and chromedriver: install them"; exit 1; fi
 
-test-all: install browser
-	$(PYTEST) --runslow
+$(HF_STAMP):
+	test -x $(HF_VENV)/bin/python || $(PYTHON) -m venv $(HF_VENV)
+	$(HF_VENV)/bin/pip install $(HF_PACKAGES)
+	touch $(HF_STAMP)
+
+hf-venv: $(HF_STAMP)
+
+test-all: install browser hf-venv
+	REALM_HF_PYTHON=$(abspath $(HF_VENV))/bin/python $(PYTEST) --runslow
 
 clean:
-	rm -rf $(VENV) demo_out *.egg-info assets/minilm
+	rm -rf $(VENV) $(HF_VENV) demo_out *.egg-info assets/minilm

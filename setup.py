@@ -46,6 +46,7 @@ setuptools.setup(
             "realm-convert=realm_tf.binaries.convert:run",
             "realm-demo=experiments.demo:run",
             "realm-eval=realm_tf.binaries.eval:run",
+            "realm-export=realm_tf.binaries.export:run",
             "realm-index=realm_tf.binaries.index:run",
             "realm-refresh=realm_tf.binaries.refresh:run",
             "realm-serve=realm_tf.binaries.serve:run",

@@ -131,14 +131,14 @@ def _tf1_bert_to_keras(rel_name: str) -> str:
   return name
 
 
-def _targets(layout: str, query_embedder, reader) -> Dict[str, tf.Variable]:
+def tf1_targets(layout: str, query_embedder, reader) -> Dict[str, tf.Variable]:
   """Full TF1 name -> Keras variable for everything ``layout`` fills."""
   scopes = LAYOUTS[layout]
   out = {}
   for part, prefix in scopes.items():
     if part.endswith("_bert"):
       encoder = (query_embedder if part.startswith("embedder") else reader).encoder
-      for tf1_rel, variable in _bert_variables(encoder).items():
+      for tf1_rel, variable in bert_variables(encoder).items():
         out[prefix + tf1_rel] = variable
     elif part == "embedder_proj":
       out[prefix + "dense/kernel"] = query_embedder.projection.kernel
@@ -180,7 +180,7 @@ def _tf1_bert_names(encoder) -> List[str]:
   return names
 
 
-def _bert_variables(encoder) -> Dict[str, tf.Variable]:
+def bert_variables(encoder) -> Dict[str, tf.Variable]:
   """TF1 BERT name (relative to ``bert/``) -> the Keras variable of a ``BertEncoderV2``."""
   keras_vars = {_rel(v, encoder.name + "/"): v for v in encoder.variables}
   # Invert the mapping: enumerate the TF1 names the Keras variables correspond to.
@@ -274,7 +274,7 @@ def convert(tf1_checkpoints: Sequence[str], bert_config_file: str, vocab_file: s
                                        with_span_scorer="orqa" in layouts)
   filled = set()
   for path, reader, layout in readers:
-    _assign(_targets(layout, query_embedder, reader_model), reader, path, layout)
+    _assign(tf1_targets(layout, query_embedder, reader_model), reader, path, layout)
     filled.add("reader" if layout == "bert" else "embedder")
     if layout == "orqa":
       filled.add("reader")
@@ -288,7 +288,7 @@ def convert(tf1_checkpoints: Sequence[str], bert_config_file: str, vocab_file: s
   elif layouts == ["bert"]:
     # Plain BERT: start the (shared) retriever's BERT from the same weights.
     bert_reader = [r for _, r, layout in readers if layout == "bert"][0]
-    targets = {k: v for k, v in _targets("realm_embedder", query_embedder, None).items()
+    targets = {k: v for k, v in tf1_targets("realm_embedder", query_embedder, None).items()
                if "/bert/" in k}
     renamed = {"bert/" + k.split("/bert/", 1)[1]: v for k, v in targets.items()}
     for name, variable in renamed.items():
@@ -311,6 +311,9 @@ HF_CONFIG_NAME = "config.json"
 HF_WEIGHTS_NAME = "model.safetensors"
 HF_INDEX_NAME = "model.safetensors.index.json"
 HF_TARGETS = ("retriever", "reader")
+# In a tower folder that realm-export wrote (sentence-transformers layout): the projection's
+# scale and size, so that the import restores REALM's projection (realm_tf/export.py).
+EXPORT_NOTE_NAME = "realm_tf_export.json"
 
 # Hugging Face ``hidden_act`` -> our ``hidden_activation`` (``encoders.get_activation``). HF's
 # "gelu" is the exact erf form; "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are the tanh
@@ -444,7 +447,7 @@ def _hf_bert_prefix(tensors: Dict[str, np.ndarray], hf_dir: str) -> str:
                         f"nor bert.embeddings.word_embeddings.weight; first tensors: {sample})")
 
 
-def _hf_name(tf1_name: str, bert_prefix: str) -> Tuple[str, bool]:
+def hf_name(tf1_name: str, bert_prefix: str) -> Tuple[str, bool]:
   """A TF1 BERT or MLM-head name -> (its Hugging Face name, whether HF stores it transposed).
 
   ``bert/encoder/layer_3/attention/self/query/kernel`` ->
@@ -463,7 +466,7 @@ def _hf_name(tf1_name: str, bert_prefix: str) -> Tuple[str, bool]:
   return prefix + ".".join(parts[:-1] + [leaf]), parts[-1] == "kernel"
 
 
-def _tf1_shape(tf1_name: str, variable: tf.Variable) -> List[int]:
+def tf1_shape(tf1_name: str, variable: tf.Variable) -> List[int]:
   """The TF1 shape (2-D kernels, 1-D biases) of a Keras variable, which may split heads."""
   shape = variable.shape.as_list()
   if tf1_name.endswith("attention/output/dense/kernel"):  # [heads, head_size, hidden]
@@ -477,23 +480,23 @@ def _assign_hf(variables: Dict[str, tf.Variable], tensors: Dict[str, np.ndarray]
                sources: Dict[str, str], bert_prefix: str, hf_dir: str, used: set) -> None:
   """Assigns the HF tensor of each TF1-named variable, checking its shape; adds it to ``used``."""
   for tf1_name, variable in variables.items():
-    hf_name, transposed = _hf_name(tf1_name, bert_prefix)
-    want = _tf1_shape(tf1_name, variable)
+    name, transposed = hf_name(tf1_name, bert_prefix)
+    want = tf1_shape(tf1_name, variable)
     if transposed:
       want = want[::-1]
-    if hf_name not in tensors:
-      raise ConversionError(f"{hf_dir}: missing tensor {hf_name} (expected shape {want})")
-    value = tensors[hf_name]
+    if name not in tensors:
+      raise ConversionError(f"{hf_dir}: missing tensor {name} (expected shape {want})")
+    value = tensors[name]
     if list(value.shape) != want:
-      raise ConversionError(f"{sources[hf_name]}: tensor {hf_name} has shape "
+      raise ConversionError(f"{sources[name]}: tensor {name} has shape "
                             f"{list(value.shape)} but the model that {HF_CONFIG_NAME} "
                             f"describes expects {want}")
     if not np.issubdtype(value.dtype, np.floating):
-      raise ConversionError(f"{sources[hf_name]}: tensor {hf_name} has dtype {value.dtype}, "
+      raise ConversionError(f"{sources[name]}: tensor {name} has dtype {value.dtype}, "
                             "expected floating point")
     value = value.T if transposed else value
     variable.assign(np.reshape(value, variable.shape).astype(np.float32))
-    used.add(hf_name)
+    used.add(name)
 
 
 def _listed(names: Sequence[str]) -> str:
@@ -537,8 +540,11 @@ def convert_hf(hf_dir: str, output_dir: str, vocab_file: str, lower_case: bool =
     raise ConversionError(f"{vocab_file} has {vocab_size} tokens but {config_path} has "
                           f"vocab_size {encoder_config.vocab_size}")
   bert_prefix = _hf_bert_prefix(tensors, hf_dir)
+  exported = _read_export_note(hf_dir) if "retriever" in targets else None
   model_config = configs.RealmModelConfig(
-      retriever=configs.RetrieverConfig(encoder=encoder_config, share_embedders=True),
+      retriever=configs.RetrieverConfig(encoder=encoder_config, share_embedders=True,
+                                        **({"projection_size": exported["projection_size"]}
+                                           if exported else {})),
       reader=configs.ReaderConfig(encoder=encoder_config), vocab_file=vocab_file,
       lower_case=lower_case)
 
@@ -547,23 +553,28 @@ def convert_hf(hf_dir: str, output_dir: str, vocab_file: str, lower_case: bool =
   if skip_pooler:
     logging.warning("%s has no pooler (%s): it stays freshly initialized", hf_dir, pooler[0])
 
-  def bert_variables(encoder):
-    return {"bert/" + n: v for n, v in _bert_variables(encoder).items()
+  def bert_part(encoder):
+    return {"bert/" + n: v for n, v in bert_variables(encoder).items()
             if not (skip_pooler and n.startswith("pooler/"))}
 
   used, items = set(), {}
   if "retriever" in targets:
     query_embedder, block_embedder = modeling.build_embedders(model_config.retriever)
-    _assign_hf(bert_variables(query_embedder.encoder), tensors, sources, bert_prefix, hf_dir,
+    _assign_hf(bert_part(query_embedder.encoder), tensors, sources, bert_prefix, hf_dir,
                used)
     items.update(query_embedder=query_embedder, block_embedder=block_embedder)
-    logging.info("filled the retriever's BERT from %s; the projection is freshly initialized",
-                 hf_dir)
+    if exported:
+      _assign_exported_projection(hf_dir, exported, query_embedder)
+      logging.info("filled the retriever's BERT and projection from %s (a realm-export tower)",
+                   hf_dir)
+    else:
+      logging.info("filled the retriever's BERT from %s; the projection is freshly initialized",
+                   hf_dir)
   if "reader" in targets:
     reader = modeling.build_reader(model_config.reader)
-    _assign_hf(bert_variables(reader.encoder), tensors, sources, bert_prefix, hf_dir, used)
-    mlm = {k: v for k, v in _targets("bert", None, reader).items() if k.startswith("cls/")}
-    if any(_hf_name(k, bert_prefix)[0] in tensors for k in mlm):
+    _assign_hf(bert_part(reader.encoder), tensors, sources, bert_prefix, hf_dir, used)
+    mlm = {k: v for k, v in tf1_targets("bert", None, reader).items() if k.startswith("cls/")}
+    if any(hf_name(k, bert_prefix)[0] in tensors for k in mlm):
       _assign_hf(mlm, tensors, sources, bert_prefix, hf_dir, used)
       _check_tied_decoder(tensors, sources, bert_prefix)
       logging.info("filled the reader's BERT and MLM head from %s", hf_dir)
@@ -593,6 +604,46 @@ def convert_hf(hf_dir: str, output_dir: str, vocab_file: str, lower_case: bool =
   manager = tf.train.CheckpointManager(model_dir_lib.make_checkpoint(**items), output_dir,
                                        max_to_keep=1)
   return manager.save(checkpoint_number=0)
+
+
+def _read_export_note(hf_dir: str) -> Optional[Dict]:
+  """``realm_tf_export.json`` of a tower folder that ``realm-export`` wrote, or None."""
+  path = os.path.join(hf_dir, EXPORT_NOTE_NAME)
+  if not os.path.exists(path):
+    return None
+  note = _read_json_dict(path)
+  for key in ("projection_scale", "projection_size"):
+    if not isinstance(note.get(key), (int, float)) or note[key] <= 0:
+      raise ConversionError(f"{path}: no positive {key}")
+  return note
+
+
+def _assign_exported_projection(hf_dir: str, note: Dict, embedder) -> None:
+  """REALM's projection and LayerNorm back from an exported tower's ``3_Dense`` (written
+  times ``projection_scale``, a power of two: dividing is exact) and ``4_LayerNorm``."""
+  parts = {}
+  for sub, names in (("3_Dense", ("linear.weight", "linear.bias")),
+                     ("4_LayerNorm", ("norm.weight", "norm.bias"))):
+    path = os.path.join(hf_dir, sub, HF_WEIGHTS_NAME)
+    try:
+      loaded = safetensors_numpy.load_file(path)
+    except (OSError, ValueError, TypeError, safetensors.SafetensorError) as e:
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ConversionError(f"cannot read {path}: {first}") from None
+    for name in names:
+      if name not in loaded:
+        raise ConversionError(f"{path}: missing tensor {name}")
+      parts[f"{sub}/{name}"] = loaded[name].astype(np.float32)
+  scale = np.float32(note["projection_scale"])
+  targets = ((embedder.projection.kernel, parts["3_Dense/linear.weight"].T / scale),
+             (embedder.projection.bias, parts["3_Dense/linear.bias"] / scale),
+             (embedder.layer_norm.gamma, parts["4_LayerNorm/norm.weight"]),
+             (embedder.layer_norm.beta, parts["4_LayerNorm/norm.bias"]))
+  for variable, value in targets:
+    if list(value.shape) != variable.shape.as_list():
+      raise ConversionError(f"{hf_dir}: the projection has shape {list(value.shape)} but "
+                            f"{EXPORT_NOTE_NAME} describes {variable.shape.as_list()}")
+    variable.assign(value)
 
 
 def _check_tied_decoder(tensors: Dict[str, np.ndarray], sources: Dict[str, str],

@@ -36,6 +36,7 @@ import warnings
 from absl import flags
 from absl.testing import flagsaver
 import numpy as np
+import pytest
 import tensorflow as tf
 from safetensors import numpy as safetensors_numpy
 
@@ -437,3 +438,61 @@ def scalars(logdir):
       for value in event.summary.value:
         out.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
   return out
+
+
+# ------------------------------------------------------------------ NumPy references --
+def np_hf_bert(t, config, ids, mask, types, act, prefix=""):
+  """(sequence_output, pooled_output) of a Hugging Face ``BertModel`` held in ``t``."""
+  def get(name):
+    return t[prefix + name].astype(np.float64)
+
+  def linear(x, name):
+    return x @ get(name + ".weight").T + get(name + ".bias")
+
+  def norm(x, name):
+    return layer_norm(x, get(name + ".weight"), get(name + ".bias"),
+                              config["layer_norm_eps"])
+
+  batch, length = ids.shape
+  heads = config["num_attention_heads"]
+  size = config["hidden_size"] // heads
+  x = (get("embeddings.word_embeddings.weight")[ids]
+       + get("embeddings.position_embeddings.weight")[np.arange(length)][None]
+       + get("embeddings.token_type_embeddings.weight")[types])
+  x = norm(x, "embeddings.LayerNorm")
+  for i in range(config["num_hidden_layers"]):
+    p = f"encoder.layer.{i}."
+    q, k, v = (linear(x, p + "attention.self." + m).reshape(batch, length, heads, size)
+               .transpose(0, 2, 1, 3) for m in ("query", "key", "value"))
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(size)
+    scores = np.where(mask[:, None, None, :] > 0, scores, -1e9)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, length, heads * size)
+    x = norm(linear(context, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
+    h = act(linear(x, p + "intermediate.dense"))
+    x = norm(linear(h, p + "output.dense") + x, p + "output.LayerNorm")
+  return x, np.tanh(linear(x[:, 0], "pooler.dense"))
+
+
+# ------------------------------------------------- the real Hugging Face libraries --
+# sentence-transformers and transformers on CPU torch, pinned, in an environment of their own
+# (make test-all builds .venv-hf), so that torch never shares a process with TensorFlow.
+HF_PYTHON = os.environ.get("REALM_HF_PYTHON",
+                           os.path.join(REPO, ".venv-hf", "bin", "python"))
+HF_SIDE = os.path.join(REPO, "tests", "hf", "hf_side.py")
+
+
+def through_the_libraries(tmp_path, request):
+  """``tests/hf/hf_side.py`` on ``request`` in the libraries' environment -> its arrays."""
+  if not os.path.exists(HF_PYTHON):
+    pytest.fail(f"{HF_PYTHON} not found: `make test-all` installs it (target hf-venv)")
+  path, out = str(tmp_path / "request.json"), str(tmp_path / "hf_out.npz")
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(request, f)
+  env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+             TOKENIZERS_PARALLELISM="false")
+  proc = subprocess.run([HF_PYTHON, HF_SIDE, path, out], capture_output=True, text=True,
+                        env=env, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return dict(np.load(out))

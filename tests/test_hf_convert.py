@@ -6,7 +6,6 @@ directly, in Hugging Face's names and PyTorch's ``[out, in]`` Linear layout.
 """
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -45,40 +44,6 @@ HIDDEN, LAYERS, INTER = helpers.HF_HIDDEN, helpers.HF_LAYERS, helpers.HF_INTER
 
 
 # ---- An independent NumPy BERT in Hugging Face's names, in float64. ----
-def np_hf_bert(t, config, ids, mask, types, act, prefix=""):
-  """(sequence_output, pooled_output) of a Hugging Face ``BertModel`` held in ``t``."""
-  def get(name):
-    return t[prefix + name].astype(np.float64)
-
-  def linear(x, name):
-    return x @ get(name + ".weight").T + get(name + ".bias")
-
-  def norm(x, name):
-    return helpers.layer_norm(x, get(name + ".weight"), get(name + ".bias"),
-                              config["layer_norm_eps"])
-
-  batch, length = ids.shape
-  heads = config["num_attention_heads"]
-  size = config["hidden_size"] // heads
-  x = (get("embeddings.word_embeddings.weight")[ids]
-       + get("embeddings.position_embeddings.weight")[np.arange(length)][None]
-       + get("embeddings.token_type_embeddings.weight")[types])
-  x = norm(x, "embeddings.LayerNorm")
-  for i in range(config["num_hidden_layers"]):
-    p = f"encoder.layer.{i}."
-    q, k, v = (linear(x, p + "attention.self." + m).reshape(batch, length, heads, size)
-               .transpose(0, 2, 1, 3) for m in ("query", "key", "value"))
-    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(size)
-    scores = np.where(mask[:, None, None, :] > 0, scores, -1e9)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    context = (probs @ v).transpose(0, 2, 1, 3).reshape(batch, length, heads * size)
-    x = norm(linear(context, p + "attention.output.dense") + x, p + "attention.output.LayerNorm")
-    h = act(linear(x, p + "intermediate.dense"))
-    x = norm(linear(h, p + "output.dense") + x, p + "output.LayerNorm")
-  return x, np.tanh(linear(x[:, 0], "pooler.dense"))
-
-
 def max_diff(a, b):
   return float(np.max(np.abs(np.asarray(a, np.float64) - b)))
 
@@ -104,8 +69,8 @@ class MiniLmConvertTest(tf.test.TestCase):
     cls.inputs = cls.tokenizer.reader_inputs(QUESTIONS, PASSAGES, SEQ_LENGTH)
     x = numpy_inputs(cls.inputs)
     args = (x["input_word_ids"], x["input_mask"], x["input_type_ids"])
-    cls.want_erf = np_hf_bert(cls.tensors, cls.hf_config, *args, act=helpers.gelu_erf)
-    cls.want_tanh = np_hf_bert(cls.tensors, cls.hf_config, *args, act=helpers.gelu)
+    cls.want_erf = helpers.np_hf_bert(cls.tensors, cls.hf_config, *args, act=helpers.gelu_erf)
+    cls.want_tanh = helpers.np_hf_bert(cls.tensors, cls.hf_config, *args, act=helpers.gelu)
 
   @classmethod
   def tearDownClass(cls):
@@ -268,7 +233,7 @@ class TinyHfTest(tf.test.TestCase):
     got = reader(dict(inputs, masked_lm_positions=positions), training=False)
     x = numpy_inputs(inputs)
     hf_config = helpers.hf_config(self.vocab_size)
-    seq, pooled = np_hf_bert(t, hf_config, x["input_word_ids"], x["input_mask"],
+    seq, pooled = helpers.np_hf_bert(t, hf_config, x["input_word_ids"], x["input_mask"],
                              x["input_type_ids"], helpers.gelu_erf, prefix="bert.")
     self.assertLess(max_diff(got["sequence_output"], seq), TOLERANCE)
     self.assertLess(max_diff(reader.encoder(inputs)["pooled_output"], pooled), TOLERANCE)
