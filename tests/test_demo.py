@@ -168,6 +168,20 @@ def test_the_reader_asset_fits_the_demo(tmp_path):
   assert unchanged == ["reader_bert/pooler_transform/bias:0"], unchanged
 
 
+def test_the_committed_ict_asset_fits_the_demo(tmp_path):
+  """``assets/demo_ict`` stands in for the ICT start ``make demo`` would train at the tables'
+  recipe (2,400 steps, NOTES 42): checksums, vocabulary and settings match the default run,
+  and both towers restore from it strictly."""
+  recipe = stages.Recipe()
+  assert recipe.ict_steps == 2400
+  world = stages.make_world(0, 0, recipe.world_scale)
+  files = synthetic_world.write_world(world, str(tmp_path / "world"), vocab_size=3000,
+                                      whole_word_names=True)
+  assert demo.asset_mismatch(ICT_ASSET, files["vocab"], demo.ict_settings(0, recipe)) == ""
+  embedder = embedder_api.Embedder.load(ICT_ASSET)
+  assert embedder.step == recipe.ict_steps and embedder.block_embedder is not None
+
+
 def test_a_reader_asset_that_does_not_fit_says_why(tmp_path):
   vocab = tmp_path / "vocab.txt"
   asset = tmp_path / "asset"
