@@ -25,7 +25,8 @@ METHODS = {"is_parsed", "mark_as_parsed", "set_default", "unparse_flags", "flag_
 
 def _modules():
   out = {}
-  for folder in ("experiments", os.path.join("experiments", "benchmarks")):
+  for folder in ("experiments", os.path.join("experiments", "benchmarks"),
+                 os.path.join("experiments", "dev")):
     for name in sorted(os.listdir(os.path.join(ROOT, folder))):
       if name.endswith(".py") and name != "__init__.py":
         out[f"{folder.replace(os.sep, '.')}.{name[:-3]}"] = os.path.join(ROOT, folder, name)
@@ -128,3 +129,28 @@ def test_the_scan_sees_a_flag_read_that_is_defined_nowhere(tmp_path, monkeypatch
   monkeypatch.syspath_prepend(str(tmp_path))
   defined, read, _ = scan("planted_flags", str(tmp_path / "planted_flags.py"))
   assert defined == {"alpha"} and read == {"alpha", "beta"}
+
+
+def reads_flags(path: str) -> bool:
+  """Whether the module at ``path`` touches absl's ``FLAGS`` (``FLAGS`` or ``flags.FLAGS``)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  return any((isinstance(node, ast.Name) and node.id == "FLAGS")
+             or (isinstance(node, ast.Attribute) and node.attr == "FLAGS")
+             for node in ast.walk(tree))
+
+
+def test_the_library_reads_no_flag(tmp_path):
+  """Flags belong to the command lines: no module of realm_tf outside realm_tf/binaries/ reads
+  them (a planted read is seen)."""
+  library = os.path.join(ROOT, "realm_tf")
+  readers = []
+  for folder, _, files in os.walk(library):
+    if os.path.relpath(folder, library).split(os.sep)[0] == "binaries":
+      continue
+    readers += [os.path.join(folder, f) for f in files
+                if f.endswith(".py") and reads_flags(os.path.join(folder, f))]
+  assert not readers, readers
+  planted = tmp_path / "planted.py"
+  planted.write_text("from absl import flags\ndef f():\n  return flags.FLAGS.x\n")
+  assert reads_flags(str(planted))

@@ -16,26 +16,15 @@ import json
 
 from absl import app
 from absl import flags
-import tensorflow as tf
 
-from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
-from realm_tf.openqa import predict
+from realm_tf.binaries import openqa_flags
 from realm_tf.openqa.report import format_answer
-from realm_tf.retrieval import hybrid
 
-flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
-flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
-flags.DEFINE_string("blocks_dir", None, "The index's corpus (default: the one it names).")
-flags.DEFINE_string("checkpoint", None,
-                    "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
-flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question.", lower_bound=1)
-flags.DEFINE_integer("retriever_beam_size", None,
-                     "Blocks retrieved per question, the read ones the best of them (default: "
-                     "--reader_beam_size; capped at the corpus size).", lower_bound=1)
-flags.DEFINE_enum("retriever", hybrid.DEFAULT, hybrid.RETRIEVERS,
-                  "The blocks read: the dense index's top, BM25's (the index's sparse part) "
-                  "or both fused by the index's rule (realm_tf/retrieval/hybrid.py).")
+openqa_flags.define_model_flags()
+openqa_flags.define_retrieval_flags(
+    None, "Blocks retrieved per question, the read ones the best of them (default: "
+    "--reader_beam_size; capped at the corpus size).")
 flags.DEFINE_bool("json", False, "Print one JSON object per question instead of text.")
 flags.DEFINE_integer("snippet_chars", 160, "Characters of block text shown per block.",
                      lower_bound=20)
@@ -50,15 +39,7 @@ def main(argv):
   for i, q in enumerate(questions, 1):
     if not q.strip():
       raise app.UsageError(f"question {i} is empty")
-  missing = [f"--{n}" for n in ("model_dir", "index_dir") if not getattr(FLAGS, n)]
-  if missing:
-    raise app.UsageError(f"missing flags: {', '.join(missing)}")
-  if not tf.io.gfile.isdir(FLAGS.model_dir):
-    raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
-  qa = predict.OpenQA.load(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir,
-                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size,
-                           retriever_beam_size=FLAGS.retriever_beam_size,
-                           retriever=FLAGS.retriever)
+  qa = openqa_flags.load_openqa(FLAGS.flag_values_dict())
   answers = qa.answer(questions)
   if FLAGS.json:
     for a in answers:

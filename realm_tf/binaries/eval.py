@@ -20,31 +20,19 @@ import os
 
 from absl import app
 from absl import flags
-import tensorflow as tf
 
-from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
+from realm_tf.binaries import openqa_flags
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
-from realm_tf.openqa import predict
-from realm_tf.retrieval import hybrid
 
-flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
-flags.DEFINE_string("index_dir", None, "The index the model was fine-tuned against.")
-flags.DEFINE_string("blocks_dir", None, "The index's corpus (default: the one it names).")
+openqa_flags.define_model_flags()
+openqa_flags.define_retrieval_flags(
+    5000, "Blocks retrieved per question, for top-k match (capped at the corpus size).")
 flags.DEFINE_string("dataset", None,
                     f"{', '.join(qa_lib.DATASETS)} (in --qa_dir) or the path of a QA file.")
 flags.DEFINE_string("qa_dir", None, "Where `python -m data_prep.open_qa` wrote the QA files.")
 flags.DEFINE_enum("split", "test", list(qa_lib.SPLITS), "The split of a named --dataset.")
-flags.DEFINE_string("checkpoint", None,
-                    "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
-flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question.", lower_bound=1)
-flags.DEFINE_integer("retriever_beam_size", 5000,
-                     "Blocks retrieved per question, for top-k match (capped at the corpus "
-                     "size).", lower_bound=1)
-flags.DEFINE_enum("retriever", hybrid.DEFAULT, hybrid.RETRIEVERS,
-                  "The blocks read and ranked: the dense index's, BM25's (the index's sparse "
-                  "part) or both fused by the index's rule (realm_tf/retrieval/hybrid.py).")
 flags.DEFINE_integer("batch_size", 32, "Questions per batch.", lower_bound=1)
 flags.DEFINE_string("output_dir", None,
                     "Where the predictions and metrics go (default: <model_dir>/eval_<dataset>"
@@ -85,15 +73,7 @@ def main(argv):
   if FLAGS.predictions_file:
     _score(records, len(skipped))
     return
-  missing = [f"--{n}" for n in ("model_dir", "index_dir") if not getattr(FLAGS, n)]
-  if missing:
-    raise app.UsageError(f"missing flags: {', '.join(missing)} (or give --predictions_file)")
-  if not tf.io.gfile.isdir(FLAGS.model_dir):
-    raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
-  qa = predict.OpenQA.load(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir,
-                           checkpoint=FLAGS.checkpoint, reader_beam_size=FLAGS.reader_beam_size,
-                           retriever_beam_size=FLAGS.retriever_beam_size,
-                           retriever=FLAGS.retriever)
+  qa = openqa_flags.load_openqa(FLAGS.flag_values_dict(), hint=" (or give --predictions_file)")
   metrics, rows = evaluation.evaluate(qa, records, batch_size=FLAGS.batch_size,
                                       progress=FLAGS.progress, skipped_lines=len(skipped))
   metrics.update(dataset=FLAGS.dataset, qa_file=path)

@@ -43,10 +43,10 @@ from absl import flags
 from realm_tf import checkpoint_convert
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
+from realm_tf.binaries import index_flags
 from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.data import released
-from realm_tf.retrieval import cli_flags
 from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import publish
@@ -90,7 +90,7 @@ flags.DEFINE_integer("keep", 3, "build, upsert, delete: indexes to keep in --ind
 flags.DEFINE_multi_string("query", None, "search: query text (repeatable).")
 flags.DEFINE_integer("k", 5, "search: results per query.")
 flags.DEFINE_integer("snippet_chars", 160, "search: characters of block text to show.")
-cli_flags.define_build_flags()
+index_flags.define_build_flags()
 
 FLAGS = flags.FLAGS
 COMMANDS = ("build", "delete", "embed", "import", "reconcile", "search", "upsert")
@@ -127,7 +127,7 @@ def build():
     embeddings_file = _default_embeddings_file(checkpoint)
   path = refresher.build_index_for_checkpoint(
       checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.index_dir,
-      options=cli_flags.build_options_from_flags(keep=FLAGS.keep), embeddings=embeddings,
+      options=index_flags.build_options_from_flags(keep=FLAGS.keep), embeddings=embeddings,
       embeddings_file=embeddings_file)
   print(path)
 

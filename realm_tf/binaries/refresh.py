@@ -12,7 +12,7 @@ restart at any moment.
 from absl import flags
 
 from realm_tf.binaries import cli
-from realm_tf.retrieval import cli_flags
+from realm_tf.binaries import index_flags
 from realm_tf.retrieval import errors
 from realm_tf.retrieval import refresher
 
@@ -28,7 +28,7 @@ flags.DEFINE_bool("exit_when_done", True, "Exit once TRAINING_DONE exists and th
 flags.DEFINE_integer("max_builds", 0, "Exit after this many builds (0: no limit).")
 flags.DEFINE_float("model_dir_wait_seconds", 0.0,
                    "Wait this long for --model_dir to appear before failing.")
-cli_flags.define_build_flags()
+index_flags.define_build_flags()
 flags.mark_flags_as_required(["model_dir", "index_dir", "blocks_dir"])
 
 FLAGS = flags.FLAGS
@@ -37,7 +37,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise errors.RetrievalError(f"unexpected arguments: {' '.join(argv[1:])}")
-  options = cli_flags.build_options_from_flags(keep=FLAGS.keep)
+  options = index_flags.build_options_from_flags(keep=FLAGS.keep)
   refresher.refresh_loop(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir, keep=FLAGS.keep,
                          min_step_interval=FLAGS.min_step_interval,
                          poll_seconds=FLAGS.poll_seconds, exit_when_done=FLAGS.exit_when_done,

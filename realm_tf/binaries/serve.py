@@ -28,21 +28,16 @@ import uvicorn
 
 from realm_tf import configs
 from realm_tf import errors
-from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
+from realm_tf.binaries import openqa_flags
 from realm_tf.serving import app as app_lib
 from realm_tf.serving import service as service_lib
 
-flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA model directory (span scorer).")
-flags.DEFINE_string("index_dir", None, "The index it was fine-tuned against.")
-flags.DEFINE_string("checkpoint", None,
-                    "A checkpoint (default: <model_dir>/best_ckpt's, else the newest).")
+openqa_flags.define_model_flags("Blocks read per question (the most answers a request gets).")
 flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 flags.DEFINE_integer("port", 8000, "Port to listen on.", lower_bound=0)
 flags.DEFINE_string("token_file", None, "A file holding the token of the /documents "
                     "endpoints (default: $REALM_SERVE_TOKEN; neither: updates disabled).")
-flags.DEFINE_integer("reader_beam_size", 5, "Blocks read per question (the most answers a "
-                     "request gets).", lower_bound=1)
 flags.DEFINE_integer("max_batch", 8, "Questions answered together.", lower_bound=1)
 flags.DEFINE_integer("max_in_flight", 16, "Requests admitted at once; more get 429.",
                      lower_bound=1)
@@ -71,8 +66,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   token = _token()
-  if not os.path.isdir(FLAGS.model_dir):
-    raise model_dir_lib.ModelDirError(f"model directory not found: {FLAGS.model_dir}")
+  openqa_flags.check_model_dir(FLAGS.flag_values_dict())
 
   def open_service():
     service = service_lib.QAService(

@@ -126,16 +126,6 @@ class DocumentsRequest(pydantic.BaseModel):
   documents: List[DocumentIn] = pydantic.Field(min_length=1, max_length=100)
 
 
-class UpdateResponse(pydantic.BaseModel):
-  index: str
-  corpus_fingerprint: str
-  added: List[Dict]
-  deleted: List[Dict]
-  skipped: List[str]
-  maintenance: Optional[str]
-  seconds: Dict[str, float]
-
-
 class Error(pydantic.BaseModel):
   error: str
 
@@ -377,14 +367,14 @@ def create_app(open_service: Optional[Callable[[], service_lib.QAService]],
   documents = fastapi.APIRouter(route_class=AuthorizedFirst,
                                 dependencies=[fastapi.Security(authorized)])
 
-  @documents.post("/documents", response_model=UpdateResponse, responses=_ERRORS)
+  @documents.post("/documents", response_model=updates.UpdateResult, responses=_ERRORS)
   async def add_documents(body: DocumentsRequest,
                           service: service_lib.QAService = fastapi.Depends(get_service)):
     """Adds documents, or replaces those with the same title; answerable when it returns."""
     return await asyncio.to_thread(service.upsert, [updates.Document(d.title, d.text)
                                                     for d in body.documents])
 
-  @documents.delete("/documents/{uid}", response_model=UpdateResponse, responses=_ERRORS)
+  @documents.delete("/documents/{uid}", response_model=updates.UpdateResult, responses=_ERRORS)
   async def delete_document(uid: str,
                             service: service_lib.QAService = fastapi.Depends(get_service)):
     """Deletes the block(s) with this uid; never retrieved again once it returns."""

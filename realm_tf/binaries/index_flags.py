@@ -1,4 +1,5 @@
-"""Flags shared by ``realm-index`` and ``realm-refresh`` for how an index is built.
+"""Flags shared by ``realm-index`` and ``realm-refresh`` for how an index is built (moved here
+from ``realm_tf/retrieval/cli_flags.py``: flags belong to the binaries).
 
 The settings are an ``IndexConfig`` (``realm_tf.configs``): its defaults, then each
 ``--index_config`` YAML in order, then the flags given on the command line.
