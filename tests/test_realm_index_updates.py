@@ -31,6 +31,8 @@ from realm_tf.retrieval import testing
 from realm_tf.retrieval import updates
 from test_sparse_index import check_against_fresh_bm25s
 
+import helpers
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIM = 16
 ENV = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
@@ -82,11 +84,12 @@ def _check_against_exact(setup, expected, queries, k=10):
                                 expected_fingerprint=store.fingerprints, load_embeddings=True)
   np.testing.assert_allclose(np.asarray(index.embeddings[np.arange(len(table))]), table,
                              rtol=1e-5, atol=1e-5)  # The appended rows: as a full embedding.
-  scores = queries @ table[live].T
-  want = live[np.argsort(-scores, axis=1, kind="stable")[:, :k]]
+  scores = np.full([len(queries), len(store)], -np.inf)
+  scores[:, live] = queries.astype(np.float64) @ table[live].T.astype(np.float64)
+  want = np.argsort(-scores, axis=1, kind="stable")[:, :k]
   ids, _ = index.search(queries, k)
   _check_sparse(index, store, live)
-  return index, store, ids, want
+  return index, store, ids, want, scores
 
 
 def _check_sparse(index, store, live):
@@ -127,8 +130,8 @@ def test_random_updates_equal_exact_search(tmp_path):
       assert sorted((d["title"], d["uid"]) for d in result.deleted) == sorted(
           (t, features.block_uid(t, b)) for t, b in pick)
     assert os.path.basename(result.index) == f"step-10-u{step + 1}"
-    index, store, ids, want = _check_against_exact(setup, expected, queries)
-    np.testing.assert_array_equal(ids, want)
+    index, store, ids, want, scores = _check_against_exact(setup, expected, queries)
+    helpers.assert_same_top_k(ids, want, scores)
     assert not np.isin(ids, store.deleted).any()
   # An unchanged document is skipped; an unknown uid is an error naming it.
   title, text = sorted(expected)[0]
@@ -141,7 +144,7 @@ def test_random_updates_equal_exact_search(tmp_path):
                                        setup["options"])
   rebuilt = mips_index.load_index(publish.read_latest(setup["index"]))
   assert rebuilt.manifest["model_step"] == 20 and rebuilt.num_live == len(expected)
-  np.testing.assert_array_equal(rebuilt.search(queries, 10)[0], want)
+  helpers.assert_same_top_k(rebuilt.search(queries, 10)[0], want, scores)
   _check_sparse(rebuilt, store, _live_rows(store, expected))
   # Now the index's tower is step 20's: an update with step 10's is refused.
   with pytest.raises(errors.IndexUpdateError, match="never mixes two towers"):
@@ -167,7 +170,7 @@ def test_scann_ah_index_keeps_its_tuned_recall(tmp_path):
   updater.delete(uids=[features.block_uid(t, b) for t, b in gone])
   expected -= set(gone)
   queries = _corpus_table(setup["model"], setup["blocks"])[rng.choice(1200, 200)] + 0.05
-  index, store, ids, want = _check_against_exact(setup, expected, queries)
+  index, store, ids, want, _ = _check_against_exact(setup, expected, queries)
   recall = np.mean([len(set(a) & set(w)) / 10 for a, w in zip(ids.tolist(), want.tolist())])
   print(f"ScaNN ah after updates: recall@10 {recall:.4f} (target {target})")
   assert recall >= target - 0.01
@@ -196,8 +199,8 @@ def test_a_rebuild_after_updates_is_latest_and_updated_on_top(tmp_path):
   assert publish.read_latest(setup["index"]) == result.index
   assert mips_index.read_manifest(result.index)["last_update"]["from"] == "step-10"
   queries = np.random.default_rng(4).standard_normal((10, DIM)).astype(np.float32)
-  _, _, ids, want = _check_against_exact(setup, expected, queries)
-  np.testing.assert_array_equal(ids, want)
+  _, _, ids, want, scores = _check_against_exact(setup, expected, queries)
+  helpers.assert_same_top_k(ids, want, scores)
 
 
 def test_a_sharded_index_is_built_updated_and_rebuilt(tmp_path, monkeypatch):
@@ -217,15 +220,15 @@ def test_a_sharded_index_is_built_updated_and_rebuilt(tmp_path, monkeypatch):
   gone = [sorted(expected)[i] for i in (0, 150, 299)]  # In different shards.
   updater.delete(uids=[features.block_uid(t, b) for t, b in gone])
   expected -= set(gone)
-  index, store, ids, want = _check_against_exact(setup, expected, queries)
+  index, store, ids, want, scores = _check_against_exact(setup, expected, queries)
   assert index.index_type == "scann_sharded" and index.num_live == 300
-  np.testing.assert_array_equal(ids, want)
+  helpers.assert_same_top_k(ids, want, scores)
   setup["trainer"].save(20)
   refresher.build_index_for_checkpoint(None, setup["model"], setup["blocks"], setup["index"],
                                        setup["options"])
-  index, _, ids, want = _check_against_exact(setup, expected, queries)
+  index, _, ids, want, scores = _check_against_exact(setup, expected, queries)
   assert index.manifest["model_step"] == 20 and len(index.shards) == 4
-  np.testing.assert_array_equal(ids, want)
+  helpers.assert_same_top_k(ids, want, scores)
 
 
 def test_no_change_publishes_nothing_and_new_blocks_must_match_the_corpus(tmp_path):
@@ -342,3 +345,13 @@ def test_cli_upsert_delete_and_one_line_errors(tmp_path):
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
     assert ("never mixes two towers" if name == "other" else "uid abc") in lines[0], lines
+
+
+def test_the_top_k_check_allows_a_near_tie_swap_and_nothing_else():
+  scores = np.array([[3.0, 2.0, 2.0 + 1e-7, 1.0]])
+  want = np.array([[0, 2, 1]])
+  helpers.assert_same_top_k(np.array([[0, 1, 2]]), want, scores)   # rows 1, 2: a near-tie
+  with pytest.raises(AssertionError):
+    helpers.assert_same_top_k(np.array([[0, 1, 3]]), want, scores)   # row 3 is not
+  with pytest.raises(AssertionError):
+    helpers.assert_same_top_k(np.array([[0, 1, 1]]), want, np.array([[3.0, 2.0, 2.0, 1.0]]))
