@@ -246,10 +246,9 @@ def write_block_embeddings(folder: str, index_dir: str,
   """The ``LATEST`` publication of ``index_dir``: ``embeddings.npy`` (float32, row = block id)
   and ``blocks.jsonl`` (``block_id``, ``title``, ``live``: false for a deleted block, whose
   row is kept so that ids stay rows); returns what it wrote, for the manifest."""
-  name = publish.read_latest(index_dir)
-  if name is None:
+  path = publish.read_latest(index_dir)
+  if path is None:
     raise ExportError(f"{index_dir}: no published index (no LATEST)")
-  path = os.path.join(index_dir, name)
   index = mips_index.load_index(path)
   manifest = index_base.read_manifest(path)
   embeddings = getattr(index, "embeddings", None)

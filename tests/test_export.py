@@ -200,7 +200,7 @@ def test_separate_towers_and_the_span_scorer(tmp_path):
   assert "span_hidden_size: 4" in open(os.path.join(out, "reader", "SPAN_SCORER.md")).read()
 
 
-def test_block_embeddings_of_a_published_index(tmp_path):
+def test_block_embeddings_of_a_published_index(tmp_path, monkeypatch):
   """The LATEST index's rows, ids, titles and deletions, readable without realm_tf."""
   vocab = str(tmp_path / "vocab.txt")
   testing.write_vocab(vocab)
@@ -215,7 +215,8 @@ def test_block_embeddings_of_a_published_index(tmp_path):
       refresher.BuildOptions(index_type="brute_force", recall_queries=0, progress=False,
                              tensorboard_dir=""))
   out = str(tmp_path / "out")
-  manifest = export.export(str(tmp_path / "model"), out, index_dir=index_dir)
+  monkeypatch.chdir(tmp_path)   # a relative --index_dir, as a user types it
+  manifest = export.export(str(tmp_path / "model"), out, index_dir="index")
   written = manifest["written"]["block_embeddings"]
   assert (written["num_blocks"], written["num_live"]) == (12, 12)
   emb = np.load(os.path.join(out, "block_embeddings", "embeddings.npy"))
