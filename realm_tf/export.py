@@ -11,7 +11,7 @@ Open-QA (whichever towers its newest checkpoint holds)::
                          head); span_scorer.safetensors beside it (Open-QA), with
                          SPAN_SCORER.md on its layout
       block_embeddings/  with ``index_dir``: embeddings.npy (float32, row = block id) and
-                         blocks.jsonl (block id, uid, title, live) of the published index
+                         blocks.jsonl (block id, title, live) of the published index
 
 A tower folder is a Hugging Face ``BertModel`` folder (``config.json``, ``model.safetensors``,
 ``vocab.txt``, ``tokenizer_config.json``) that sentence-transformers loads as four modules
