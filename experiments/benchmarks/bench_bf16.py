@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from experiments.benchmarks import bench_train_loop
 from realm_tf import configs
+from realm_tf import hardware
 from realm_tf import modeling
 from realm_tf import train_lib
 from realm_tf.binaries import cli
@@ -73,13 +74,7 @@ for policy in ("float32", "mixed_bfloat16"):
 
 def onednn_report() -> str:
   """CPU bfloat16 flags and the oneDNN matmul kernels TF runs per policy."""
-  flags_line = ""
-  try:
-    with open("/proc/cpuinfo") as f:
-      flags_line = next((line for line in f if line.startswith("flags")), "")
-  except OSError:
-    pass
-  cpu_flags = set(flags_line.split(":", 1)[-1].split())
+  cpu_flags = hardware.cpu_flags()
   wanted = ["avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8"]
   lines = ["CPU flags: " + ", ".join(f"{f}={'yes' if f in cpu_flags else 'no'}" for f in wanted)]
   env = dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2")
