@@ -15,7 +15,7 @@ INSTALL_REQUIRES = [
     "mwparserfromhell",
     # Hugging Face checkpoints (realm-convert --hf_dir), read into NumPy without torch.
     "safetensors>=0.4",
-    # BM25, the lexical baseline of experiments/real_text.py (sparse matrices, NumPy only).
+    # BM25, the lexical baseline of experiments/real_text/main.py (sparse matrices, NumPy only).
     "bm25s==0.3.*",
     "tqdm",
     "absl-py",
@@ -44,7 +44,7 @@ setuptools.setup(
         "console_scripts": [
             "realm-answer=realm_tf.binaries.answer:run",
             "realm-convert=realm_tf.binaries.convert:run",
-            "realm-demo=experiments.demo:run",
+            "realm-demo=experiments.synthetic.demo:run",
             "realm-eval=realm_tf.binaries.eval:run",
             "realm-export=realm_tf.binaries.export:run",
             "realm-index=realm_tf.binaries.index:run",

@@ -22,7 +22,7 @@ Command line, over the sentences of Z and of X (``data_prep.salient_spans``' out
       world/facts.jsonl --eval_fraction 0.2 [--x_sentences_dir news/sentences \
       --x_eval_fraction 0] [--qa_test_file world/qa-test.jsonl]
 
-``python -m experiments.tables --check_news`` prints it for the tables' world.
+``python -m experiments.synthetic.tables --check_news`` prints it for the tables' world.
 """
 
 import collections

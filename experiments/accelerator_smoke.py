@@ -48,9 +48,10 @@ import tensorflow as tf
 
 from data_prep import pipeline
 from data_prep import synthetic_world
-from experiments import recipe_flags  # noqa: F401  pylint: disable=unused-import (its flags)
-from experiments import stages
-from experiments.common import Clock
+# pylint: disable-next=unused-import (its flags)
+from experiments.pipeline import recipe_flags  # noqa: F401
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
@@ -65,7 +66,7 @@ EXPERIMENTS = ("ict_cpu", "reader_read_cpu", "realm_pretrain_cpu", "openqa_cpu")
 
 
 def define_flags() -> None:
-  """The smoke run's flags, beside experiments/recipe_flags.py's (``--output_dir``,
+  """The smoke run's flags, beside experiments/pipeline/recipe_flags.py's (``--output_dir``,
   ``--seed``, ``--world_scale``, ``--refresh_every``: the checkpoint, summary and host
   round-trip interval)."""
   flags.DEFINE_enum("experiment", "realm_pretrain_cpu", EXPERIMENTS,

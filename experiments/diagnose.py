@@ -3,16 +3,16 @@ r"""REALM vs ICT at CPU scale: one switch at a time, on the tables' world, with 
   python -m experiments.diagnose --output_dir=tables_out --variants=recipe,before
   python -m experiments.diagnose --list           # the variants and what each changes
 
-Each variant is a set of config overrides (every switch is a config field) applied to the
-tables' REALM pre-training run (``experiments/table_seed.py``: the same world, data, warm starts
+Each variant is a set of config overrides (every switch is a config field) applied to the tables'
+REALM pre-training run (``experiments/synthetic/table_seed.py``: the same world, data, warm starts
 and schedule; seed ``s`` of a variant starts from the tables' seed ``s`` warm starts in
 ``--output_dir/seed<s>``, and a rerun into a tables output directory reuses them). Every run
-validates every ``--validation_every`` steps, step 0 included, on the held-out masked sentences
-and on the **dev** questions (``qa_recall@5``; the test questions are never read here), beside
-its refresher, ``--parallel`` runs at a time. The summary table compares each variant's dev QA
-recall@5 at the end with its start (the ICT retriever's), with the retrieval-health signals
-(``realm_tf.health``) at the start and the end; ``diagnose.md``/``diagnose.csv``/
-``diagnose.png`` in ``--output_dir``.
+validates every ``--validation_every`` steps, step 0 included, on the held-out masked sentences and
+on the **dev** questions (``qa_recall@5``; the test questions are never read here), beside its
+refresher, ``--parallel`` runs at a time. The summary table compares each variant's dev QA recall@5
+at the end with its start (the ICT retriever's), with the retrieval-health signals
+(``realm_tf.health``) at the start and the end; ``diagnose.md``/``diagnose.csv``/``diagnose.png``
+in ``--output_dir``.
 """
 
 import json
@@ -21,11 +21,12 @@ from typing import Dict, List
 
 from absl import flags
 
-from experiments import recipe_flags
-from experiments import stages
-from experiments import table_seed
-from experiments import tables  # and its flags (--validation_every, --lr_retriever, ...)
-from experiments.common import Clock
+from experiments.pipeline import recipe_flags
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.synthetic import report
+from experiments.synthetic import table_seed
+from experiments.synthetic import tables  # and its flags (--validation_every, --lr_retriever, ...)
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.binaries import cli
 
@@ -124,7 +125,7 @@ def summarize(out: str, runs: Dict[str, Dict[int, Dict[str, List]]]) -> str:
       rows.append([name, seed] + [
           f"{first[t]:.3f} -> {last[t]:.3f}" if t in first and t in last else "n/a"
           for t in SHOWN])
-  text = tables.write_table(out, "diagnose", header, rows,
+  text = report.write_table(out, "diagnose", header, rows,
                             "Validation at step 0 -> the last step; qa_recall@5 on the dev "
                             "questions.")
   return text

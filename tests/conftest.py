@@ -12,8 +12,8 @@ import pytest
 from data_prep import blocks as blocks_pipeline
 from data_prep import pipeline
 from data_prep import synthetic_world
-from experiments import demo
-from experiments import stages
+from experiments.pipeline import stages
+from experiments.synthetic import demo
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib

@@ -268,8 +268,8 @@ def _flags_of_its_own():
   """Inside, only absl's own flags are defined, as when a command line's process starts.
 
   The flags other modules defined (an experiment a test imported defines its flags at import:
-  ``experiments.demo``'s ``--output_dir`` would clash with ``realm-eval``'s) are set aside and
-  put back afterwards; the flags defined inside are removed, the values restored (flagsaver).
+  ``experiments.synthetic.demo``'s ``--output_dir`` would clash with ``realm-eval``'s) are set aside
+  and put back afterwards; the flags defined inside are removed, the values restored (flagsaver).
   """
   fv = flags.FLAGS
   aside = {}   # flag -> the module that defined it

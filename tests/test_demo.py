@@ -16,9 +16,9 @@ import tensorflow as tf
 
 from data_prep import synthetic_world
 from experiments import assets
-from experiments import demo
-from experiments import stages
-from experiments.common import Clock
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.synthetic import demo
 from realm_tf import embedder_api
 from realm_tf import export
 from realm_tf import model_dir as model_dir_lib
@@ -85,7 +85,7 @@ def test_demo_data_and_stage_experiments(demo_world, tmp_path):
 def test_demo_runs_every_stage(tmp_path):
   out = tmp_path / "demo"
   proc = helpers.run_process(
-      "experiments.demo", f"--output_dir={out}",
+      "experiments.synthetic.demo", f"--output_dir={out}",
       "--world_scale=0.3", "--reading_worlds=1", "--reading_steps=4", "--distractor_steps=3",
       "--ict_steps=4", "--realm_steps=6", "--refresh_every=3", "--openqa_steps=3", timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

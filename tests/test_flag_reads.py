@@ -1,6 +1,6 @@
-"""Flags are read only where they are defined: ``experiments/stages.py`` reads none, and every
+"""Flags are read only where they are defined: ``experiments/pipeline/stages.py`` reads none, and every
 module of ``experiments`` reads only the flags it defines or defines in a module it imports (a
-flags module such as ``experiments/recipe_flags.py``).
+flags module such as ``experiments/pipeline/recipe_flags.py``).
 
 Read from the source (the AST): ``FLAGS.name``, ``FLAGS["name"]`` and ``FLAGS.set_default("name",
 ...)`` are reads; ``flags.DEFINE_*("name", ...)`` a definition. A flag per field of a dataclass
@@ -24,12 +24,14 @@ METHODS = {"is_parsed", "mark_as_parsed", "set_default", "unparse_flags", "flag_
 
 
 def _modules():
+  """Every module of ``experiments`` and its subfolders (``__init__`` and ``__main__`` aside)."""
   out = {}
-  for folder in ("experiments", os.path.join("experiments", "benchmarks"),
-                 os.path.join("experiments", "dev")):
-    for name in sorted(os.listdir(os.path.join(ROOT, folder))):
-      if name.endswith(".py") and name != "__init__.py":
-        out[f"{folder.replace(os.sep, '.')}.{name[:-3]}"] = os.path.join(ROOT, folder, name)
+  for folder, subdirs, files in os.walk(os.path.join(ROOT, "experiments")):
+    subdirs[:] = sorted(d for d in subdirs if not d.startswith((".", "__")))
+    package = os.path.relpath(folder, ROOT).replace(os.sep, ".")
+    for name in sorted(files):
+      if name.endswith(".py") and name not in ("__init__.py", "__main__.py"):
+        out[f"{package}.{name[:-3]}"] = os.path.join(folder, name)
   return out
 
 
@@ -94,8 +96,8 @@ MODULES = _modules()
 
 
 def test_stages_read_no_flag():
-  for module in ("experiments.stages", "experiments.text_stages", "experiments.table_seed",
-                 "experiments.common"):
+  for module in ("experiments.pipeline.stages", "experiments.real_text.text_stages",
+                 "experiments.synthetic.table_seed", "experiments.pipeline.common"):
     source = open(MODULES[module], encoding="utf-8").read()
     assert "FLAGS" not in source and "absl import flags" not in source, module
 

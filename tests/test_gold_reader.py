@@ -1,6 +1,6 @@
-"""Stage A of real-text Open-QA (experiments/gold_reader.py): windows whose gold spans read back
-as the annotators' answers, in the Open-QA reader's row layout; SQuAD's F1; a tiny reader that
-learns its questions and restores, head and all, into the Open-QA model."""
+"""Stage A of real-text Open-QA (experiments/real_text/gold_reader.py): windows whose gold spans
+read back as the annotators' answers, in the Open-QA reader's row layout; SQuAD's F1; a tiny reader
+that learns its questions and restores, head and all, into the Open-QA model."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from experiments import assets
-from experiments import gold_reader
+from experiments.real_text import gold_reader
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import tokenization

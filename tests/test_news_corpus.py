@@ -232,8 +232,8 @@ def test_the_tables_refuse_a_news_corpus_that_teaches_less_than_x_equals_z(news_
                                                                              tmp_path):
   """The single-style news of half the entities (news_examples) has fewer useful examples than
   X = Z, so a table seed refuses it; the teaching news of every entity has more."""
-  from experiments import table_seed  # pylint: disable=g-import-not-at-top
-  from experiments.common import Clock  # pylint: disable=g-import-not-at-top
+  from experiments.synthetic import table_seed  # pylint: disable=g-import-not-at-top
+  from experiments.pipeline.common import Clock  # pylint: disable=g-import-not-at-top
   clock, table = Clock("test"), table_seed.TableSettings()
   world, paths, z, x = news_examples
   with pytest.raises(table_seed.NewsCannotTeachError, match="refusing to run the news rows: "

@@ -1,4 +1,4 @@
-"""The real-text retrieval comparison (experiments/real_text.py) end to end at a tiny size, and
+"""The real-text retrieval comparison (experiments/real_text/main.py) end to end at a tiny size, and
 the failures real text showed, each on a short real snippet."""
 
 import csv
@@ -15,9 +15,10 @@ from data_prep import blocks
 from data_prep import squad
 from data_prep import wiki
 from experiments import assets
-from experiments import common
-from experiments import real_text
-from experiments import text_stages
+from experiments.pipeline import common
+from experiments.real_text import main as real_text
+from experiments.real_text import report
+from experiments.real_text import text_stages
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import sparse_index
@@ -209,9 +210,8 @@ def test_tiny_run_minilm_and_tables(tiny_run):
 
   with open(os.path.join(out, "results", "real_text_retrieval.csv")) as f:
     rows = list(csv.DictReader(f))
-  assert [r["retriever"] for r in rows] == [real_text.BM25, real_text.MINILM,
-                                            real_text.MINILM_MEAN, real_text.MINILM_ICT,
-                                            real_text.HYBRID]
+  assert [r["retriever"] for r in rows] == [report.BM25, report.MINILM, report.MINILM_MEAN,
+                                            report.MINILM_ICT, report.HYBRID]
   assert all(int(r["test_questions"]) == len(test) for r in rows)
   assert float(rows[0]["recall@5"]) == pytest.approx(stages["bm25"]["recall@5"], abs=1e-4)
   assert float(rows[3]["recall@5"]) == pytest.approx(stages["ict"]["recall@5"], abs=1e-4)
@@ -223,7 +223,7 @@ def test_tiny_run_minilm_and_tables(tiny_run):
       assert (lo, hi) == pytest.approx(common.wilson_interval(round(value * len(test)),
                                                                  len(test)), abs=1e-4)
   md = open(os.path.join(out, "results", "real_text_retrieval.md")).read()
-  assert "| BM25 |" in md and f"| {real_text.MINILM_ICT} |" in md and "ICT: 4 steps" in md
+  assert "| BM25 |" in md and f"| {report.MINILM_ICT} |" in md and "ICT: 4 steps" in md
   low, high = rows[3]["recall@5_lo"], rows[3]["recall@5_hi"]
   assert f"{float(rows[3]['recall@5']):.3f} [{float(low):.3f}, {float(high):.3f}]" in md
 
@@ -231,7 +231,7 @@ def test_tiny_run_minilm_and_tables(tiny_run):
   # and writes the same tables; other options in the same directory are refused.
   tables = {n: open(stages["results"][n]).read() for n in ("csv", "md", "openqa_csv")}
   again = real_text.run_experiment(out, **TINY)
-  names = [n for n in real_text.STAGE_NAMES if n != "spans"]
+  names = [n for n in report.STAGE_NAMES if n != "spans"]
   for name in names + ["reader_convert", "openqa_train", "openqa_eval"]:
     assert again[name] == stages[name], name
   assert {n: open(again["results"][n]).read() for n in tables} == tables
@@ -331,9 +331,9 @@ def test_tiny_run_openqa(tiny_run):
   assert "best_ckpt" in result["checkpoint"]
   with open(os.path.join(out, "results", "real_text_openqa.csv")) as f:
     rows = list(csv.DictReader(f))
-  assert [r["model"] for r in rows] == [real_text.OPENQA_GOLD, real_text.OPENQA_BEFORE,
-                                        real_text.OPENQA_AFTER, real_text.OPENQA_BM25,
-                                        real_text.OPENQA_HYBRID, real_text.OPENQA_HYBRID_FT]
+  assert [r["model"] for r in rows] == [report.OPENQA_GOLD, report.OPENQA_BEFORE,
+                                        report.OPENQA_AFTER, report.OPENQA_BM25,
+                                        report.OPENQA_HYBRID, report.OPENQA_HYBRID_FT]
   gold, before, after, bm25, fused, fused_ft = rows
   assert before["exact_match"] == "" and int(after["checkpoint_step"]) == train["best_step"]
   # Stage A ran, Open-QA started from its reader, and its gold row is the test sample's.
@@ -435,7 +435,7 @@ def test_tiny_run_openqa(tiny_run):
   assert float(after["exact_match"]) == pytest.approx(metrics["exact_match"], abs=1e-4)
   assert float(after["top_5_match"]) == pytest.approx(metrics["top_5_match"], abs=1e-4)
   md = open(os.path.join(out, "results", "real_text_openqa.md")).read()
-  assert f"| {real_text.OPENQA_AFTER} | {train['best_step']} |" in md
+  assert f"| {report.OPENQA_AFTER} | {train['best_step']} |" in md
   # 'Before' from the ICT stage's top 20 = realm-eval's top-k match of the initialization.
   records, _ = qa.read_qa(result["test_file"])
   model = predict.OpenQA.load(train["model_dir"], os.path.join(work, "ict_index"),
@@ -488,7 +488,7 @@ def test_tiny_run_realm(tmp_path):
   beside its refresher from the ICT tower and that reader, and the REALM tower's test
   recall."""
   # pylint: disable=g-import-not-at-top
-  from experiments import text_realm
+  from experiments.real_text import text_realm
   from realm_tf import configs
   from realm_tf import model_dir as model_dir_lib
   from realm_tf.data import loaders

@@ -1,4 +1,4 @@
-"""``experiments/real_text_merge.py``: REALM test seeds from a rebuilt output directory added to
+"""``experiments/real_text/merge.py``: REALM test seeds from a rebuilt output directory added to
 the committed real-text results (NOTES 37), on constructed results."""
 
 import collections
@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from experiments import paired
-from experiments import real_text as rt
-from experiments import real_text_merge as merge_lib
-from experiments import text_realm
+from experiments.pipeline import paired
+from experiments.real_text import merge as merge_lib
+from experiments.real_text import report
+from experiments.real_text import text_realm
 
 N, M = 30, 12  # test questions, Open-QA test questions
 ALL_RECORDS = [r for kind in merge_lib.ROWS for r in merge_lib.RUN_RECORDS[kind]]
@@ -35,7 +35,7 @@ def results_dir(path, seeds, rng, openqa_seeds=None):
   (results / merge_lib.RUNS).mkdir(parents=True)
   work.mkdir()
   records = [collections.namedtuple("R", "question answers")(f"q{i}?", ["a"]) for i in range(N)]
-  rt.write_question_records(str(results / "real_text_questions.csv"), records, [
+  report.write_question_records(str(results / "real_text_questions.csv"), records, [
       dict(key=k, first=rng.integers(0, 21, N))
       for k in ["bm25", "ict"] + [f"realm_{s}" for s in seeds]])
   em = ["orqa"] + [f"realm_{s}_{r}" for s in openqa_seeds for r in ("mixed", "openqa")]
@@ -43,14 +43,15 @@ def results_dir(path, seeds, rng, openqa_seeds=None):
             ["question_index", "question"] + [f"{k}_{c}" for k in em for c in ("em", "prediction")],
             [[i, f"o{i}?"] + [x for _ in em for x in (int(rng.random() < 0.5), "x")]
              for i in range(M)])
-  labels = ["BM25", "MiniLM + ICT (REALM tower)"] + [rt.realm_label(s) for s in seeds]
-  models = [rt.OPENQA_AFTER] + [label(s) for s in openqa_seeds
-                                for label in (rt.mixed_label, rt.realm_openqa_label)]
-  for name, first, fields, rows in ((rt.RESULTS_NAME, "retriever", rt.CSV_FIELDS, labels),
-                                    (rt.OPENQA_NAME, "model", rt.OPENQA_FIELDS, models)):
-    rt._write_csv(str(results / f"{name}.csv"), fields,  # pylint: disable=protected-access
-                  [dict({f: "" for f in fields}, **{first: l, fields[2]: rng.random()})
-                   for l in rows])
+  labels = ["BM25", "MiniLM + ICT (REALM tower)"] + [report.realm_label(s) for s in seeds]
+  models = [report.OPENQA_AFTER] + [label(s) for s in openqa_seeds
+                                    for label in (report.mixed_label, report.realm_openqa_label)]
+  for name, first, fields, rows in (
+      (report.RESULTS_NAME, "retriever", report.CSV_FIELDS, labels),
+      (report.OPENQA_NAME, "model", report.OPENQA_FIELDS, models)):
+    report._write_csv(str(results / f"{name}.csv"), fields,  # pylint: disable=protected-access
+                      [dict({f: "" for f in fields}, **{first: l, fields[2]: rng.random()})
+                       for l in rows])
     (results / f"{name}.md").write_text("\n".join(
         ["# title", "", f"| {first} | recall@5 |", "|---|---|"]
         + [f"| {l} | {rng.random():.3f} |" for l in rows] + ["", "| stage | seconds |",
@@ -93,12 +94,12 @@ def test_new_seeds_are_added_beside_the_committed_records(tmp_path):
     assert [r[column] for r in openqa] == [r[column] for r in rebuilt_openqa]
   # The table rows: in the CSV at its end, in the Markdown after the first table's last row.
   md = (committed / "real_text_retrieval.md").read_text().splitlines()
-  at = md.index(next(l for l in md if l.startswith(f"| {rt.realm_label(1)} |")))
-  assert md[at - 1].startswith(f"| {rt.realm_label(0)} |") and md[at + 1] == ""
+  at = md.index(next(l for l in md if l.startswith(f"| {report.realm_label(1)} |")))
+  assert md[at - 1].startswith(f"| {report.realm_label(0)} |") and md[at + 1] == ""
   assert [r["retriever"] for r in rows(committed / "real_text_retrieval.csv")][-2:] == [
-      rt.realm_label(0), rt.realm_label(1)]
+      report.realm_label(0), report.realm_label(1)]
   assert [r["model"] for r in rows(committed / "real_text_openqa.csv")][-2:] == [
-      rt.mixed_label(1), rt.realm_openqa_label(1)]
+      report.mixed_label(1), report.realm_openqa_label(1)]
   assert sorted(os.listdir(committed / merge_lib.RUNS)) == sorted(
       ["realm_0_done.json"] + [r.format(s=1).replace("/", "_") for r in ALL_RECORDS])
   realm = (committed / "real_text_realm.md").read_text()

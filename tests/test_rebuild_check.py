@@ -83,7 +83,7 @@ def test_ranks_and_exact_matches_are_compared_with_the_committed_columns(tmp_pat
   (work / "openqa_eval" / "done.json").write_text(json.dumps({"test_file": str(test_file)}))
   (results / "real_text_openqa_questions.csv").write_text(
       "question_index,question,orqa_em,orqa_prediction\n0,x?,1,p\n1,y?,0,q\n")
-  monkeypatch.setattr(rebuild_check.real_text, "openqa_answers",
+  monkeypatch.setattr(rebuild_check.report, "openqa_answers",
                       lambda w, source, f: [(1, "p"), (1, "r")])
   out = rebuild_check.check(str(work), str(results))
   assert out["questions"] == {"committed": 3, "rebuilt": 3, "same": True}

@@ -122,7 +122,7 @@ def test_ict_plateau_at_the_smallest_size(tmp_path):
   the tables' own zero-shot scoring of the finished start on the same questions."""
   import json  # pylint: disable=g-import-not-at-top
   import helpers  # pylint: disable=g-import-not-at-top
-  from experiments import table_seed  # pylint: disable=g-import-not-at-top
+  from experiments.synthetic import table_seed  # pylint: disable=g-import-not-at-top
   out = tmp_path / "plateau"
   proc = helpers.run_process(
       "experiments.dev.ict_plateau", str(out), "4", "100", "every=2", "world_scale=0.3",

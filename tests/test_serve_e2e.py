@@ -30,7 +30,7 @@ import pytest
 from data_prep import blocks as blocks_pipeline
 from data_prep import ict_examples
 from data_prep import synthetic_world
-from experiments import stages
+from experiments.pipeline import stages
 from realm_tf import configs
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
 from realm_tf import tokenization

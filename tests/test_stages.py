@@ -1,5 +1,5 @@
-"""experiments/stages.py: the scheduler (progress lines from checkpoint files, processes run
-side by side that fail loudly) and the settings that reach a trainer as a config object."""
+"""experiments/pipeline/stages.py: the scheduler (progress lines from checkpoint files, processes
+run side by side that fail loudly) and the settings that reach a trainer as a config object."""
 
 import os
 import time
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from experiments import assets
-from experiments import stages
-from experiments.common import Clock
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
 from realm_tf import configs
 
 

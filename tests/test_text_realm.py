@@ -1,5 +1,5 @@
-"""REALM on real text (``experiments/text_realm.py``): the pre-training files are made of the
-corpus's text alone, and the pre-registered analysis on constructed records."""
+"""REALM on real text (``experiments/real_text/text_realm.py``): the pre-training files are made of
+the corpus's text alone, and the pre-registered analysis on constructed records."""
 
 import collections
 import csv
@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 
 from experiments import assets
-from experiments import paired
-from experiments import text_realm
-from experiments import text_stages as ts
+from experiments.pipeline import paired
+from experiments.real_text import text_realm
+from experiments.real_text import text_stages as ts
 from realm_tf.data import features as features_lib
 from realm_tf.tokenization import RealmTokenizer
 
@@ -150,14 +150,14 @@ def test_pretraining_files_hold_the_corpus_text_only(tmp_path):
 
 def test_the_analysis_reads_the_committed_records(tmp_path):
   """``runs_from_records`` rebuilds each seed's outcomes from the per-question files that the
-  results write (``real_text.write_question_records``; the Open-QA file's columns)."""
-  from experiments import real_text  # pylint: disable=import-outside-toplevel
+  results write (``report.write_question_records``; the Open-QA file's columns)."""
+  from experiments.real_text import report  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(1)
   ranks = {k: rng.integers(0, 21, size=50) for k in ("bm25", "ict", "realm_0", "realm_7")}
   records = [collections.namedtuple("R", "question answers")(f"q{i}?", ["a"]) for i in range(50)]
   questions = tmp_path / "questions.csv"
-  real_text.write_question_records(str(questions), records,
-                                   [dict(key=k, first=v) for k, v in ranks.items()])
+  report.write_question_records(str(questions), records,
+                                [dict(key=k, first=v) for k, v in ranks.items()])
   em = {k: rng.random(50) < 0.4 for k in ("orqa", "realm_0_openqa", "realm_0_mixed",
                                           "realm_7_openqa", "realm_7_mixed")}
   openqa = tmp_path / "openqa.csv"
@@ -203,15 +203,15 @@ def test_a_seed_without_openqa_rows_counts_in_the_zero_shot_comparisons_only(tmp
   takes (a) and REALM - BM25 over every seed and (b) and the mixed row over the seeds with
   Open-QA rows, each equal to ``paired_difference`` over those seeds alone; a seed with one
   Open-QA column of its two is refused."""
-  from experiments import real_text  # pylint: disable=import-outside-toplevel
+  from experiments.real_text import report  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(2)
   n, seeds, full = 40, (0, 1, 2, 3), (1, 2, 3)
   ranks = {k: rng.integers(0, 21, size=n) for k in ("bm25", "ict")}
   ranks.update({f"realm_{s}": rng.integers(0, 21, size=n) for s in seeds})
   records = [collections.namedtuple("R", "question answers")(f"q{i}?", ["a"]) for i in range(n)]
   questions = tmp_path / "questions.csv"
-  real_text.write_question_records(str(questions), records,
-                                   [dict(key=k, first=v) for k, v in ranks.items()])
+  report.write_question_records(str(questions), records,
+                                [dict(key=k, first=v) for k, v in ranks.items()])
   em = {"orqa": rng.random(n) < 0.4}
   em.update({f"realm_{s}_{row}": rng.random(n) < 0.5 for s in full for row in ("openqa", "mixed")})
 
@@ -333,21 +333,18 @@ def test_phases_join_into_one_run():
 def test_a_seed_run_with_other_settings_is_not_reused(tmp_path):
   """A REALM seed's done file is reused only with the same per-run settings; one written
   before a field existed counts as that field's default."""
-  # pylint: disable=g-import-not-at-top
-  from experiments import real_text
-  # pylint: enable=g-import-not-at-top
   budget = text_realm.RealmBudget()
   done = tmp_path / "realm_0_done.json"
-  real_text.check_seed_budget(str(done), 0, budget)            # nothing yet: nothing to check
+  text_realm.check_seed_budget(str(done), 0, budget)            # nothing yet: nothing to check
   old = {k: v for k, v in budget.per_run().items() if k != "realm_lr_retriever"}
   done.write_text(json.dumps({"budget": old}))
-  real_text.check_seed_budget(str(done), 0, budget)
+  text_realm.check_seed_budget(str(done), 0, budget)
   with pytest.raises(ts.RealTextError, match=r"realm_lr_retriever.*1\.0.*3\.0"):
-    real_text.check_seed_budget(str(done), 0,
+    text_realm.check_seed_budget(str(done), 0,
                                 dataclasses.replace(budget, realm_lr_retriever=3.0))
   done.write_text(json.dumps({"budget": dict(old, realm_steps=7)}))
   with pytest.raises(ts.RealTextError, match="realm_steps"):
-    real_text.check_seed_budget(str(done), 0, budget)
+    text_realm.check_seed_budget(str(done), 0, budget)
 
 
 def test_dev_tools():

@@ -4,8 +4,9 @@ r"""Benchmark: a short table seed the old way and the new way, in the same run (
 
 A table seed's workload at a tenth of its steps (``--scale``; the world, the warm starts, the
 five REALM runs beside their refreshers, the eight Open-QA rows and the validations as in
-``experiments.tables``; validation every tenth of the REALM steps, as the seed's 100 of 1,000),
-run twice by ``python -m experiments.tables`` in processes of their own, one after the other:
+``experiments.synthetic.tables``; validation every tenth of the REALM steps, as the seed's 100 of
+1,000), run twice by ``python -m experiments.synthetic.tables`` in processes of their own, one
+after the other:
 
 * **old**: the code of ``--old_commit`` (default: 4ab9de3, where issue 43 measured it),
   extracted with ``git archive`` into ``--output_dir``, with ``--old_flags``;
@@ -33,11 +34,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 flags.DEFINE_string("output_dir", "/tmp/bench_table_seed", "Where both runs write.")
 flags.DEFINE_float("scale", 0.1, "Steps of every stage, as a share of a table seed's.")
 flags.DEFINE_string("old_commit", "4ab9de3", "The old way's code.")
-flags.DEFINE_list("old_flags", [], "experiments.tables flags of the old way.")
-flags.DEFINE_list("new_flags", [], "experiments.tables flags of the new way.")
+flags.DEFINE_list("old_flags", [], "experiments.synthetic.tables flags of the old way.")
+flags.DEFINE_list("new_flags", [], "experiments.synthetic.tables flags of the new way.")
 flags.DEFINE_enum("order", "old_first", ["old_first", "new_first"], "Which way runs first.")
 
-# A table seed's steps (experiments/stages.py and experiments/tables.py defaults).
+# A table seed's steps (experiments/pipeline/stages.py and experiments/synthetic/tables.py
+# defaults).
 SEED_STEPS = dict(reading_steps=6000, distractor_steps=1500, ict_steps=400, realm_steps=1000,
                   validation_every=100, openqa_steps=600)
 PRETRAIN_RUNS, OPENQA_ROWS = 5, 8
@@ -76,7 +78,7 @@ def run_way(name: str, out: str, src: str, steps: dict, extra) -> dict:
   results = os.path.join(out, f"{name}_results")
   for path in (results, os.path.join(out, name)):
     shutil.rmtree(path, ignore_errors=True)
-  cmd = [sys.executable, "-m", "experiments.tables", "--seed=0",
+  cmd = [sys.executable, "-m", "experiments.synthetic.tables", "--seed=0",
          f"--output_dir={os.path.join(out, name)}", f"--results_dir={results}",
          *[f"--{k}={v}" for k, v in steps.items()], *extra]
   print(f"[bench {time.strftime('%H:%M:%S')}] {name} ({src}): {' '.join(cmd[1:])}", flush=True)

@@ -10,11 +10,11 @@ usage: python -m experiments.dev.centred_recall WORK name=dir [name=dir ...]
 """
 import json
 import os
-import sys
 
+from absl import app
 import numpy as np
 
-from experiments import text_stages as ts
+from experiments.real_text import text_stages as ts
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import manifests
 from realm_tf.data import qa
@@ -57,4 +57,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  app.run(main)

@@ -15,15 +15,15 @@ usage: python -m experiments.dev.ict_plateau OUT STEPS SEEDS [every=400] [reader
 import dataclasses
 import json
 import os
-import sys
 from typing import Dict, List
 
+from absl import app
 import tensorflow as tf
 
-from experiments import stages
-from experiments import table_seed
-from experiments.common import Clock
 from experiments.dev import variance
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.synthetic import table_seed
 from realm_tf import model_dir as model_dir_lib
 
 
@@ -79,4 +79,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  app.run(main)

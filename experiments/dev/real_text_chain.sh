@@ -68,7 +68,7 @@ for step in ${STEPS:-z1 z2 z3 o1 o2 o3}; do
   fi
   if [ "${COMMIT:-0}" = 1 ]; then
     say "3. $step: merged and committed"
-    (cd "$MAIN" && "$PY" -m experiments.real_text_merge "$OUT" $s "$kept" --rows=$rows &&
+    (cd "$MAIN" && "$PY" -m experiments.real_text.merge "$OUT" $s "$kept" --rows=$rows &&
      git add experiments/results && git commit -q -m "Issue 53: REALM test seed $s's $rows \
 rows (real_text_merge --rows=$rows; the chain at fc79c9e committed them as they finished)" \
        -- experiments/results) || say "$step: merge or commit failed"

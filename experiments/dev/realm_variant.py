@@ -1,4 +1,4 @@
-r"""Dev only: one REALM pre-training run on real text in an existing ``experiments.real_text``
+r"""Dev only: one REALM pre-training run on real text in an existing ``experiments.real_text.main``
 work directory, from a chosen reader (and towers), with budget fields and task settings
 overridden; its curves into ``<work>/realm_<seed>_dev.json``. Seeds are 100 or more (dev).
 
@@ -10,11 +10,12 @@ NOTES 34-35 ran it as ``/work/runs/realm_dev2.py SEED READER ...`` with WORK fix
 import dataclasses
 import json
 import os
-import sys
+
+from absl import app
 
 from experiments import assets
-from experiments import text_realm
-from experiments.common import Clock
+from experiments.pipeline.common import Clock
+from experiments.real_text import text_realm
 
 
 def value(field: str, text: str):
@@ -51,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  app.run(main)

@@ -18,19 +18,20 @@ counts are the committed ones (:func:`start_differences`; the readers may be ret
 
 import json
 import os
-import sys
 from typing import Dict, List, Mapping, Sequence
 
+from absl import app
+from absl import flags
 import numpy as np
 
-from experiments import real_text
-from experiments import text_stages as ts
-from experiments.common import read_json
-from experiments.real_text_merge import read_csv
+from experiments.pipeline.common import read_json
+from experiments.real_text import report
+from experiments.real_text import text_stages as ts
+from experiments.real_text.merge import read_csv
 from realm_tf.data import manifests
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
-# Committed column -> the rebuilt stage's saved top blocks (``real_text.retrieval_rows``).
+# Committed column -> the rebuilt stage's saved top blocks (``report.retrieval_rows``).
 RETRIEVERS = {"bm25": "bm25/top_ids.npy", "minilm": "minilm/realm_top_ids.npy",
               "minilm_mean": "minilm/mean_top_ids.npy", "ict": "ict/top_ids.npy",
               "hybrid": "hybrid/top_ids.npy"}
@@ -124,8 +125,8 @@ def check(work: str, results: str = RESULTS) -> Dict:
       questions = [json.loads(line)["question"] for line in f if line.strip()]
     if questions != [c["question"] for c in committed]:
       raise ValueError(f"{test_file}: not the committed Open-QA test questions")
-    rebuilt_em = [e for e, _ in real_text.openqa_answers(
-        work, real_text.openqa_sources({})["orqa"], test_file)]
+    rebuilt_em = [e for e, _ in report.openqa_answers(
+        work, report.openqa_sources({})["orqa"], test_file)]
     out["orqa_em"] = compare_em([int(c["orqa_em"]) for c in committed], rebuilt_em)
   return out
 
@@ -139,9 +140,14 @@ def start_differences(result: Dict) -> List[str]:
                 if k not in result or result[k]["equal_ranks"] != result[k]["questions"]]
 
 
+def define_flags() -> None:
+  """The flag (defined only when run as a program: the tests import this module)."""
+  flags.DEFINE_bool("same_start", False, "Exit 1 if the rebuilt start differs from the "
+                    "committed records.")
+
+
 def main(argv: Sequence[str]) -> None:
-  same_start = "--same_start" in argv
-  argv = [a for a in argv if a != "--same_start"]
+  same_start = flags.FLAGS.same_start
   if len(argv) not in (2, 3):
     raise SystemExit(__doc__)
   result = check(argv[1])
@@ -163,4 +169,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  define_flags()
+  app.run(main)

@@ -22,12 +22,13 @@ import itertools
 import json
 import os
 import statistics
-import sys
 from typing import Dict, Hashable, List, Sequence, Tuple
 
-from experiments import stages
-from experiments import table_seed
-from experiments.common import Clock
+from absl import app
+
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.synthetic import table_seed
 from realm_tf import model_dir as model_dir_lib
 
 
@@ -236,4 +237,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  app.run(main)

@@ -1,8 +1,8 @@
 r"""The stages of every experiment driver, and the scheduler that runs them.
 
-``experiments/demo.py``, ``experiments/table_seed.py`` and ``experiments/real_text.py`` are
-short sequences of the stages here and in ``experiments/text_stages.py`` (real text's data,
-retrieval and evaluation). A stage is a function of its arguments: a typed recipe
+``experiments/synthetic/demo.py``, ``experiments/synthetic/table_seed.py`` and
+``experiments/real_text/main.py`` are short sequences of the stages here and in
+``experiments/real_text/text_stages.py`` (real text's data, retrieval and evaluation). A stage is a function of its arguments: a typed recipe
 (:class:`Recipe`, ``text_stages.Budget``) and paths; only a driver's ``main`` reads flags. A
 stage's output directory is decided by its caller; each skips what an earlier run into the same
 directory finished (``TRAINING_DONE``, a published index).
@@ -45,7 +45,8 @@ import tf_keras
 
 from data_prep import pipeline
 from data_prep import synthetic_world
-from experiments.common import Clock
+from experiments.pipeline.common import Clock
+from experiments.pipeline.common import flag_field
 from realm_tf import configs
 from realm_tf import embedder_api
 from realm_tf import model_dir as model_dir_lib
@@ -60,29 +61,38 @@ from realm_tf.retrieval import mips_index
 from realm_tf.retrieval import publish
 from realm_tf.retrieval import refresher
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
   """The synthetic pipelines' recipe, shared by the demo and the tables (NOTES section 17: the
-  tables are the demo's runs, a seed at a time); ``experiments/recipe_flags.py`` makes a flag
-  of each field."""
-  world_scale: float = 1.0          # size of the synthetic world (1.0: 210 articles)
-  reading_worlds: int = 4           # counterfactual worlds the reader learns to read on
-  reading_steps: int = 6000         # reading warm-start steps of the reader
-  distractor_steps: int = 1500      # the reader's fine-tuning beside distractors (0: none)
-  distractors: int = 2              # distractor blocks per sentence in that fine-tuning
-  ict_steps: int = 2400            # ICT warm-start steps (frozen for test seeds 6-13: NOTES 42)
-  ict_learning_rate: float = 5e-4
-  ict_from_reader: bool = False     # ICT's towers start from the reader's start's encoder
-  realm_steps: int = 1000           # REALM pre-training steps (each run)
-  realm_learning_rate: float = 3e-5
-  refresh_every: int = 25           # checkpoint (and so index refresh) interval
-  openqa_steps: int = 600           # Open-QA fine-tuning steps (each run)
-  openqa_learning_rate: float = 1e-4
-  precision: str = "float32"        # runtime.mixed_precision_dtype of every training run
-  parallel_runs: int = 0            # training processes at once (0: all)
+  tables are the demo's runs, a seed at a time); ``experiments/pipeline/recipe_flags.py``
+  makes a flag of each field, its help the field's."""
+  world_scale: float = flag_field(1.0, "Size of the synthetic world (1.0: 210 articles).")
+  reading_worlds: int = flag_field(4, "Counterfactual worlds the reader learns to read on.")
+  reading_steps: int = flag_field(6000, "Reading warm-start steps of the reader.")
+  distractor_steps: int = flag_field(
+      1500, "Steps of the reader's fine-tuning beside distractor blocks, after its reading warm "
+      "start (0: none; experiments/NOTES.md section 15).")
+  distractors: int = flag_field(2, "Distractor blocks per sentence in that fine-tuning.")
+  # Frozen for test seeds 6-13 (NOTES 42).
+  ict_steps: int = flag_field(2400, "ICT warm-start steps.")
+  ict_learning_rate: float = flag_field(5e-4, "ICT peak learning rate.")
+  ict_from_reader: bool = flag_field(
+      False, "ICT's towers start from the reader's start's encoder (BERT's part in the CPU "
+      "recipe), as ICT starts from BERT in the paper.")
+  realm_steps: int = flag_field(1000, "REALM pre-training steps (each run).")
+  realm_learning_rate: float = flag_field(
+      3e-5, "REALM peak learning rate (the paper's; at 1e-4 the dev questions' recall swings by "
+      "0.1 between checkpoints: experiments/NOTES.md section 15).")
+  refresh_every: int = flag_field(25, "Checkpoint (and so index refresh) interval.")
+  openqa_steps: int = flag_field(600, "Open-QA fine-tuning steps (each run).")
+  openqa_learning_rate: float = flag_field(1e-4, "Open-QA peak learning rate.")
+  precision: str = flag_field("float32", "runtime.mixed_precision_dtype of every training run.")
+  parallel_runs: int = flag_field(
+      0, "At most this many REALM or Open-QA training runs at once, each a process (0: all at "
+      "once).")
 
 
 # ------------------------------------------------------------------------------ progress --

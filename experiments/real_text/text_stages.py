@@ -1,6 +1,6 @@
-r"""Real text's stages (``experiments/real_text.py`` runs them in order): the corpus and its
+r"""Real text's stages (``experiments/real_text/main.py`` runs them in order): the corpus and its
 questions, BM25 and dense retrieval with their recall, ICT from the converted MiniLM, the
-gold-paragraph reader (stage A, ``experiments/gold_reader.py``), ORQA's fine-tuning and
+gold-paragraph reader (stage A, ``experiments/real_text/gold_reader.py``), ORQA's fine-tuning and
 ``realm-eval``'s evaluation. Training goes through the shared ``stages.train``, configs through
 ``stages.experiment_params`` and the frozen index through ``stages.build_index``.
 
@@ -26,12 +26,13 @@ from data_prep import open_qa
 from data_prep import salient_spans
 from data_prep import squad
 from data_prep import wiki
-from experiments import gold_reader
-from experiments import stages
-from experiments.common import Clock
-from experiments.common import proportion
-from experiments.common import read_json
-from experiments.common import write_json
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.pipeline.common import flag_field
+from experiments.pipeline.common import proportion
+from experiments.pipeline.common import read_json
+from experiments.pipeline.common import write_json
+from experiments.real_text import gold_reader
 import realm_tf
 from realm_tf import checkpoint_convert
 from realm_tf import errors
@@ -72,24 +73,34 @@ class Budget:
   i.e. ~4.4 and ~3.6 s of wall time on 2 idle cores (CPU seconds / 2, plus 20% for what does
   not parallelize). The plan and its totals: experiments/NOTES.md section 18.
   """
-  ict_steps: int = 250
-  ict_batch_size: int = 32
-  ict_query_seq_length: int = 64
-  ict_block_seq_length: int = 128
-  ict_learning_rate: float = 1e-4
-  gold_learning_rate: float = 3e-4
-  gold_epochs: float = 2.0
-  gold_batch_size: int = 16
-  openqa_steps: int = 300
-  openqa_batch_size: int = 4
-  openqa_learning_rate: float = 5e-5
-  reader_seq_length: int = 192
-  reader_beam_size: int = 5
-  retriever_beam_size: int = 100
-  openqa_validations: int = 2
-  openqa_dev_questions: int = 200
-  openqa_test_questions: int = 500
-  eval_batch_size: int = 16
+  ict_steps: int = flag_field(250, "ICT training steps (ORQA: 100k).")
+  ict_batch_size: int = flag_field(32, "ICT batch: blocks, and so in-batch negatives (ORQA: 4096).")
+  ict_query_seq_length: int = flag_field(64, "ICT query (sentence) length in training (ORQA: 64).")
+  ict_block_seq_length: int = flag_field(
+      128, "ICT block length in training (ORQA: 288); the retrieval stage embeds the blocks at "
+      "--block_seq_length.")
+  ict_learning_rate: float = flag_field(1e-4, "ICT peak learning rate (ORQA: 1e-4).")
+  gold_learning_rate: float = flag_field(
+      3e-4, "Stage A (the reader on its questions' own paragraphs, "
+      "experiments/real_text/gold_reader.py): peak learning rate.")
+  gold_epochs: float = flag_field(2.0, "Stage A: passes over the training questions' windows.")
+  gold_batch_size: int = flag_field(16, "Stage A: reader rows (paragraph windows) per step.")
+  openqa_steps: int = flag_field(300, "Open-QA fine-tuning steps (ORQA: 100k).")
+  openqa_batch_size: int = flag_field(4, "Questions per Open-QA step (ORQA: 1).")
+  openqa_learning_rate: float = flag_field(5e-5, "Open-QA peak learning rate (ORQA: 1e-5).")
+  reader_seq_length: int = flag_field(
+      192, "Reader input, question + block, in wordpieces (ORQA: 320).")
+  reader_beam_size: int = flag_field(5, "Blocks read per question (ORQA: 5).")
+  retriever_beam_size: int = flag_field(
+      100, "Blocks retrieved per question for the retriever loss and top-k match (ORQA: 5000).")
+  openqa_validations: int = flag_field(
+      2, "Dev validations (checkpoints) during fine-tuning; the best by dev exact match is "
+      "evaluated.")
+  openqa_dev_questions: int = flag_field(200, "Dev questions of each validation (a seeded sample).")
+  openqa_test_questions: int = flag_field(
+      500, "Test questions of the Open-QA evaluation (a seeded sample).")
+  eval_batch_size: int = flag_field(
+      16, "Questions per batch when validating and evaluating Open-QA.")
 
   def check(self) -> None:
     for field in dataclasses.fields(self):
@@ -558,7 +569,7 @@ def train_gold_reader(work: str, squad_file: str, budget: Budget, seed: int,
                       max_articles: int, max_paragraphs: int,
                       say: Callable[[str], None] = print, start: str = "minilm_reader_model",
                       name: str = "gold_reader") -> Dict:
-  """Stage A (``experiments/gold_reader.py``) into ``<name>/``: the reader of ``start`` (the
+  """Stage A (``gold_reader.py``) into ``<name>/``: the reader of ``start`` (the
   converted MiniLM by default; a REALM run's pre-trained reader) fine-tuned on the train
   articles' questions with their own paragraphs, scored on every dev question's."""
   out = os.path.join(work, name)

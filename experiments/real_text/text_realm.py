@@ -1,6 +1,6 @@
 r"""REALM on real text (issue 53): the corpus's own sentences as pre-training data, a MiniLM
 reader that fills masks, REALM pre-training from the ICT tower beside its refresher, and the
-REALM tower's recall on the test questions. ``experiments/real_text.py`` runs these stages after
+REALM tower's recall on the test questions. ``real_text/main.py`` runs these stages after
 its ICT stages (``--realm_seeds``); each is a function of its arguments and returns a small
 JSON-able summary that ``Clock.once`` keeps in its done file.
 
@@ -35,17 +35,19 @@ import csv
 import dataclasses
 import os
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from data_prep import pretrain_examples
-from experiments import paired
-from experiments import stages
-from experiments import text_stages as ts
-from experiments.common import Clock
-from experiments.common import proportion
+from experiments.pipeline import paired
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.pipeline.common import flag_field
+from experiments.pipeline.common import proportion
+from experiments.pipeline.common import read_json
+from experiments.real_text import text_stages as ts
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import loaders
@@ -71,35 +73,65 @@ class RealmBudget:
   refreshed about every 500 steps. Here MiniLM-L6 towers and reader, and what is cut is what
   the fields say.
   """
-  held_out_fraction: float = 0.05      # share of blocks whose sentences are held out
-  realm_query_seq_length: int = 64     # masked sentence, [CLS] ... [SEP]
-  realm_max_masks: int = 10
-  mlm_steps: int = 800                 # BERT's masked LM first (0: none)
-  mlm_batch_size: int = 32
-  mlm_seq_length: int = 128            # windows of block text, [CLS] ... [SEP]
-  mlm_learning_rate: float = 1e-4
-  mlm_validations: int = 4
-  reading_steps: int = 300
-  reading_batch_size: int = 8
-  reading_learning_rate: float = 2e-4
-  reading_distractors: int = 0        # 1 from the first step kept the reader from reading
-  reading_validations: int = 3         # validations (and checkpoints) of the reading warm start
-  distractor_steps: int = 300          # the distractor phase after it (0: none)
-  distractor_blocks: int = 2           # close blocks without the answer beside each sentence
-  realm_reader_seq_length: int = 192   # reader input: query + block body, in wordpieces
-  realm_block_seq_length: int = 128    # blocks as the towers embed them in training and index
-  realm_reader_steps: int = 0          # a first REALM phase at the one rate (0: none)
-  realm_steps: int = 300               # (after it) REALM at realm_lr_retriever (NOTES 36)
-  realm_batch_size: int = 4
-  realm_learning_rate: float = 3e-5
-  realm_lr_retriever: float = 1.0      # the towers' rate over the reader's (task.lr_retriever)
-  realm_freeze_blocks: bool = False    # the block tower frozen, its index built once (ORQA's)
-  num_candidates: int = 8
-  refresh_every: int = 100             # checkpoints, and so index refreshes
-  validate_every: int = 150
-  validation_sentences: int = 96       # held-out sentences per validation pass
-  qa_dev_questions: int = 1000         # dev questions of validation's qa_recall
-  accuracy_sentences: int = 500        # held-out sentences of masked_span_accuracy
+  held_out_fraction: float = flag_field(
+      0.05, "REALM: share of blocks whose masked sentences are held out (validation, masked-span "
+      "accuracy); never trained on.")
+  realm_query_seq_length: int = flag_field(
+      64, "REALM: masked-sentence (query) length (the paper: 96).")
+  realm_max_masks: int = flag_field(10, "REALM: predicted wordpieces of a salient span at most.")
+  mlm_steps: int = flag_field(
+      800, "BERT's masked LM for the MiniLM reader (its fresh MLM head) on the training blocks' "
+      "text, before the reading warm start: steps (0: none).")
+  mlm_batch_size: int = flag_field(32, "Masked LM: windows per step.")
+  mlm_seq_length: int = flag_field(128, "Masked LM: window length, [CLS] and [SEP] included.")
+  mlm_learning_rate: float = flag_field(1e-4, "Masked LM: peak learning rate (BERT's: 1e-4).")
+  mlm_validations: int = flag_field(
+      4, "Masked LM: validations on the held-out blocks' windows (and checkpoints, so resumable "
+      "points).")
+  reading_steps: int = flag_field(300, "Reading warm start of the MiniLM reader: steps.")
+  reading_batch_size: int = flag_field(8, "Reading warm start: sentences per step.")
+  reading_learning_rate: float = flag_field(2e-4, "Reading warm start: peak learning rate.")
+  # 1 from the first step kept the reader from reading.
+  reading_distractors: int = flag_field(
+      0, "Reading warm start: close blocks without the answer read beside each sentence.")
+  reading_validations: int = flag_field(
+      3, "Reading warm start: validations on held-out sentences (and checkpoints, so resumable "
+      "points).")
+  distractor_steps: int = flag_field(
+      300, "The reading warm start's distractor phase after it (as the demo's reader): steps (0: "
+      "none; REALM then starts from the reading warm start's reader).")
+  distractor_blocks: int = flag_field(
+      2, "Distractor phase: close blocks without the answer read beside each sentence.")
+  realm_reader_seq_length: int = flag_field(
+      192, "REALM: reader input, query + block body (the paper: 384).")
+  realm_block_seq_length: int = flag_field(
+      128, "REALM: block length of the towers in training and in the refresher's index (the test "
+      "embeds blocks at --block_seq_length).")
+  realm_reader_steps: int = flag_field(
+      0, "REALM: a first phase of this many steps at the one rate, so that the reader learns "
+      "REALM's own candidates before the towers' rate rises to --realm_lr_retriever (0: one phase; "
+      "the paper's).")
+  # NOTES 36.
+  realm_steps: int = flag_field(
+      300, "REALM pre-training steps (after the first phase; the paper: 200k).")
+  realm_batch_size: int = flag_field(4, "REALM: masked sentences per step (the paper: 512).")
+  realm_learning_rate: float = flag_field(3e-5, "REALM: peak learning rate (the paper: 3e-5).")
+  realm_lr_retriever: float = flag_field(
+      1.0, "REALM: the towers' learning rate over the reader's (task.lr_retriever; the paper: 1, "
+      "one rate).")
+  realm_freeze_blocks: bool = flag_field(
+      False, "REALM: the block tower frozen (untied from the query tower) and its index built "
+      "once, as ORQA's fine-tuning does; a deviation from the paper, where both towers train and "
+      "the refresher follows them.")
+  num_candidates: int = flag_field(
+      8, "REALM: blocks read per sentence, the null block among them (the paper: 8).")
+  refresh_every: int = flag_field(100, "REALM: checkpoint interval, so the refresher's cadence.")
+  validate_every: int = flag_field(
+      150, "REALM: validation interval (held-out sentences, dev questions).")
+  validation_sentences: int = flag_field(
+      96, "Held-out sentences per validation pass (REALM and the reading warm start).")
+  qa_dev_questions: int = flag_field(1000, "REALM: dev questions of validation's zero-shot recall.")
+  accuracy_sentences: int = flag_field(500, "Held-out sentences of the masked-span accuracy.")
 
   # The fields of the stages every seed shares (the data and the reader); the others are a
   # REALM run's own, recorded with it, so that dev variants can share one work directory.
@@ -482,3 +514,104 @@ def runs_from_records(questions_csv: str, openqa_csv: str, seeds: Sequence[int])
       exact.update({row: [r[c] == "1" for r in em] for row, c in own.items()})
     runs.append(seed_outcomes(first, exact))
   return runs
+
+
+def check_seed_budget(done: str, seed: int, budget: RealmBudget) -> None:
+  """Refuses to reuse REALM seed ``seed``'s run (its done file ``done``) made with other
+  per-run settings than ``budget``'s; a field added since it ran was then at its default."""
+  if not os.path.exists(done):
+    return
+  recorded = dict(dataclasses.asdict(RealmBudget()), **read_json(done)["budget"])
+  recorded = {k: recorded[k] for k in budget.per_run()}
+  if recorded != budget.per_run():
+    changed = sorted(k for k, v in budget.per_run().items() if recorded[k] != v)
+    raise ts.RealTextError(f"{done}: REALM seed {seed} ran with "
+                           f"{ {k: recorded[k] for k in changed} }, not "
+                           f"{ {k: budget.per_run()[k] for k in changed} }; use another seed, "
+                           f"or delete it, realm_{seed}/, realm_{seed}_first/ and their "
+                           "_index/ to run it again")
+
+
+def run_realm(clock: Clock, work: str, vocab_file: str, seeds: Sequence[int],
+              budget: RealmBudget, max_questions: int, batch_size: int,
+              block_seq_length: int, seed: int, test: bool = True) -> Dict[str, Dict]:
+  """REALM's stages (this module's, in order): the pre-training sentences, the MiniLM
+  reader's masked LM (``mlm_steps``), reading warm start and distractor phase
+  (``distractor_steps``), each with its masked-span accuracy, then for each pre-training seed
+  REALM beside its refresher and (``test``) its tower's test recall. Dev runs pass
+  ``test=False``: their choices see dev questions and held-out sentences only."""
+  once, out = clock.once, {}
+  out["pretrain_data"] = once(
+      "REALM pre-training sentences", os.path.join(work, "pretrain_done.json"),
+      lambda: make_pretrain_examples(work, vocab_file, budget))
+  out["reader_start_accuracy"] = once(
+      "Masked-span accuracy of the converted reader",
+      os.path.join(work, "minilm_reader_accuracy.json"),
+      lambda: masked_span_accuracy(work, os.path.join(work, "minilm_reader_model"), budget))
+
+  def reader_phase(key: str, name: str, label: str, train: Callable[[], Dict]) -> None:
+    """A reader phase into ``<name>/`` (``<name>_done.json``), then its masked-span accuracy
+    (``<name>_accuracy.json``), as ``out[key]`` and ``out[key + "_accuracy"]``."""
+    out[key] = once(label, os.path.join(work, f"{name}_done.json"), train)
+    out[f"{key}_accuracy"] = once(
+        f"Masked-span accuracy after {label}", os.path.join(work, f"{name}_accuracy.json"),
+        lambda: masked_span_accuracy(work, os.path.join(work, name), budget))
+
+  if budget.mlm_steps:
+    reader_phase("reader_mlm", MLM_DIR, "BERT's masked LM for the MiniLM reader",
+                 lambda: train_mlm(clock, work, vocab_file, budget, seed))
+  reader_phase("mlm_reader", READER_DIR, "the MLM reader's reading warm start",
+               lambda: train_reader(clock, work, vocab_file, budget, seed))
+  if budget.distractor_steps:
+    reader_phase("distract_reader", DISTRACT_DIR, "the MLM reader's distractor phase",
+                 lambda: train_reader(clock, work, vocab_file, budget, seed,
+                                      distractor_phase=True))
+  for s in seeds:
+    done = os.path.join(work, f"realm_{s}_done.json")
+    check_seed_budget(done, s, budget)
+    out[f"realm_{s}_train"] = once(
+        f"REALM pre-training, seed {s}", done,
+        lambda s=s: pretrain_realm(clock, work, vocab_file, budget, s))
+    if not test:
+      continue
+    out[f"realm_{s}"] = once(
+        f"REALM retrieval, seed {s}", os.path.join(work, f"realm_{s}_test", "done.json"),
+        lambda s=s: ts.run_tower_retrieval(work, realm_dir(work, s), f"realm_{s}_test",
+                                           max_questions, batch_size, block_seq_length))
+  return out
+
+
+def run_realm_openqa(clock: Clock, work: str, vocab_file: str, squad_file: str,
+                     seeds: Sequence[int], budget: ts.Budget, seed: int, max_articles: int,
+                     max_paragraphs: int, max_questions: int,
+                     block_seq_length: int) -> Dict[str, Dict]:
+  """Open-QA rows of each REALM seed on the Open-QA test sample: the paper's mixed row (ORQA's
+  fine-tuned model reading the REALM tower's top blocks), then REALM itself: stage A from
+  REALM's pre-trained reader and ORQA's fine-tuning from REALM's towers over their index."""
+  once, out = clock.once, {}
+  for s in seeds:
+    name = f"realm_{s}"
+    out[f"{name}_mixed"] = once(
+        f"REALM retriever + ORQA's reader, seed {s}",
+        os.path.join(work, f"{name}_mixed_eval", "done.json"),
+        lambda s=s: ts.evaluate_bm25_reader(work, budget, seed, max_questions,
+                                            retriever=f"realm_{s}_test",
+                                            out=f"realm_{s}_mixed_eval"))
+    out[f"{name}_gold_reader"] = once(
+        f"Stage A from REALM's reader, seed {s}", os.path.join(work, f"{name}_gold_done.json"),
+        lambda s=s: ts.train_gold_reader(work, squad_file, budget, s, max_articles,
+                                         max_paragraphs, clock.say, start=f"realm_{s}",
+                                         name=f"realm_{s}_gold_reader"))
+    out[f"{name}_openqa_train"] = once(
+        f"Open-QA training from REALM, seed {s}", os.path.join(work, f"{name}_openqa_done.json"),
+        lambda s=s: ts.train_openqa(clock, work, vocab_file, budget, s, block_seq_length,
+                                    name=f"realm_{s}_openqa", retriever=f"realm_{s}",
+                                    index=f"realm_{s}_test_index",
+                                    reader=f"realm_{s}_gold_reader", sample_seed=seed))
+    out[f"{name}_openqa_eval"] = once(
+        f"Open-QA evaluation of REALM, seed {s}",
+        os.path.join(work, f"{name}_openqa_eval", "done.json"),
+        lambda s=s: ts.evaluate_openqa(work, budget, seed, max_questions,
+                                       name=f"realm_{s}_openqa", index=f"realm_{s}_test_index",
+                                       before=f"realm_{s}_test"))
+  return out

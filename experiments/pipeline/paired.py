@@ -1,6 +1,6 @@
 """Paired comparisons of per-question records over seeds: the statistics of every
-pre-registered analysis (the tables' seeds, ``experiments/tables.py``; REALM on real text,
-``experiments/text_realm.py``). No flags, no TensorFlow.
+pre-registered analysis (the tables' seeds, ``experiments/synthetic/tables.py``; REALM on real text,
+``experiments/real_text/text_realm.py``). No flags, no TensorFlow.
 
 A comparison pairs two rows' per-question 0/1 outcomes (a retriever's zero-shot hits, a
 model's exact matches) on the same questions, seed by seed. Its intervals: Student t over the

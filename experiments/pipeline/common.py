@@ -5,6 +5,7 @@ Nothing here imports TensorFlow or another module of ``experiments``.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -94,3 +95,9 @@ def proportion(flags_: Sequence[bool]) -> Dict[str, float]:
 
 def interval_text(value: float, lo: float, hi: float) -> str:
   return f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+def flag_field(default: Any, help_text: str) -> Any:
+  """A dataclass field that a driver makes a flag of: its help lives here, once, with the
+  field (``metadata["help"]``), and the driver's flag reads it from there."""
+  return dataclasses.field(default=default, metadata={"help": help_text})

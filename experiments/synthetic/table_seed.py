@@ -1,13 +1,13 @@
 r"""One seed of the CPU-scale Tables 1-3: every run, from the warm starts to the test numbers.
 
-``python -m experiments.tables --seed=N`` calls :func:`run_seed`; ``experiments.tables`` renders
+``python -m experiments.synthetic.tables --seed=N`` calls :func:`run_seed`; that driver renders
 the tables from the seed files it writes. A seed is self-contained: on the one synthetic world
 that every seed and row shares (``--world_seed``; its questions and blocks), it trains its own
 warm starts (the "BERT" reading reader and the ICT retriever), its REALM pre-training runs each
 beside its refresher, and its Open-QA fine-tunes, all seeded with ``N`` (data order, mask
 draws, ICT pairs; fresh heads and dropout are not seeded), and writes one small JSON file,
 ``seed<N>.json``, under ``--results_dir``. Its settings are the demo's ``stages.Recipe`` and a
-:class:`TableSettings`, which ``experiments.tables`` builds from its flags. Everything else
+:class:`TableSettings`, which ``synthetic/tables.py`` builds from its flags. Everything else
 goes under ``--output_dir``; a rerun into the same directory skips every finished stage
 (``TRAINING_DONE``, ``prepared.json``).
 
@@ -26,7 +26,7 @@ retriever's block tower; EM and top-5 match on the test questions after fine-tun
 zero-shot recall@5 (before fine-tuning) per question, split by whether the news covers the
 question's subject. Table 3's probabilities come from the ``realm`` run.
 
-``fingerprints`` are what ``experiments.tables`` compares before mixing seeds: ``code``, the
+``fingerprints`` are what ``synthetic/report.py`` compares before mixing seeds: ``code``, the
 SHA-256 of the source files that compute a seed's numbers (``CODE_FILES``), and ``config``,
 that of every setting and of the YAML files the runs load.
 """
@@ -46,16 +46,16 @@ from data_prep import pipeline
 from data_prep import pretrain_examples
 from data_prep import synthetic_world
 from data_prep import useful_examples
-from experiments import stages
-from experiments.common import Clock
-from experiments.common import write_json
+from experiments.pipeline import stages
+from experiments.pipeline.common import Clock
+from experiments.pipeline.common import write_json
 from realm_tf import hardware
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.data import answers
 from realm_tf.modeling import losses
 from realm_tf.tasks.realm_pretrain import DEVICE_FEATURES
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Pre-training runs: name -> (examples, refreshed at every checkpoint (1) or staleness x staler).
 PRETRAIN_RUNS = {"realm": ("salient", 1), "stale": ("salient", None),
@@ -84,8 +84,8 @@ CODE_FILES = ("data_prep/*.py", "realm_tf/modeling/*.py", "realm_tf/tasks/*.py",
               "realm_tf/data/answers.py", "realm_tf/data/block_store.py",
               "realm_tf/data/qa.py", "realm_tf/retrieval/candidates.py",
               "realm_tf/retrieval/brute_force.py", "realm_tf/retrieval/corpus_embedding.py",
-              "realm_tf/retrieval/device_retrieval.py", "experiments/stages.py",
-              "experiments/table_seed.py")
+              "realm_tf/retrieval/device_retrieval.py", "experiments/pipeline/stages.py",
+              "experiments/synthetic/table_seed.py")
 CONFIG_FILES = ("reader_read_cpu__demo.yaml", "ict_cpu__demo.yaml",
                 "realm_pretrain_cpu__demo.yaml", "openqa_cpu__demo.yaml")
 # The settings a seed's numbers depend on (the recipe's and the tables' own).
@@ -98,7 +98,7 @@ SETTINGS = ("world_seed", "world_scale", "reading_worlds", "reading_steps", "dis
 
 @dataclasses.dataclass(frozen=True)
 class TableSettings:
-  """The tables' own settings beside the recipe (``experiments.tables`` makes a flag of each)."""
+  """The tables' own settings beside the recipe (``synthetic/tables.py`` makes a flag of each)."""
   world_seed: int = 0             # the one synthetic world every seed and row shares
   qa_test_fraction: float = 0.4   # share of the world's questions held out as test
   eval_fraction: float = 0.2      # share of blocks whose masked sentences are held out
@@ -218,7 +218,7 @@ def news_check(clock: Clock, files: Dict, z_sentences: str, news_sentences: str,
   if lacking:
     raise NewsCannotTeachError(
         "refusing to run the news rows: the news corpus teaches less than X = Z ("
-        + "; ".join(lacking) + f"); see python -m experiments.tables --check_news "
+        + "; ".join(lacking) + f"); see python -m experiments.synthetic.tables --check_news "
         f"(news_share {table.news_share:g}, style {NEWS_STYLE!r})")
   return {k: {n: v for n, v in r.items() if n != "counts"} for k, r in result.items()}
 

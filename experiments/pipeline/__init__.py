@@ -1,0 +1,1 @@
+"""The pipelines' shared parts: the stages every driver runs, their flags and statistics."""

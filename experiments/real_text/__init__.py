@@ -1,0 +1,1 @@
+"""Real text: Wikipedia and SQuAD with real MiniLM weights (driver: ``main.py``)."""
