@@ -11,7 +11,6 @@ checked::
 In Python, ``minilm_dir()`` returns the folder (fetching it on first use).
 """
 
-import argparse
 import gzip
 import hashlib
 import json
@@ -22,6 +21,9 @@ import sys
 import tempfile
 import time
 import zipfile
+
+from absl import app
+from absl import flags
 
 from realm_tf import errors
 
@@ -140,14 +142,16 @@ def minilm_dir() -> str:
   return str(fetch_minilm())
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--check", action="store_true",
-                      help="only verify; exit 1 if an asset is missing or altered")
-  args = parser.parse_args(argv)
+def define_flags() -> None:
+  """The flags (defined only when run as a program: the tests import this module)."""
+  flags.DEFINE_bool("check", False, "Only verify; exit 1 if an asset is missing or altered.")
+
+
+def main(argv) -> int:
+  del argv
   try:
     check_committed()
-    if args.check:
+    if flags.FLAGS.check:
       if not _minilm_ok(MINILM):
         raise AssetError(f"{MINILM} is missing or altered; run `python -m experiments.assets`")
     else:
@@ -159,5 +163,10 @@ def main(argv=None) -> int:
   return 0
 
 
+def run():
+  define_flags()
+  app.run(main)
+
+
 if __name__ == "__main__":
-  sys.exit(main())
+  run()

@@ -17,8 +17,8 @@ import csv
 import glob
 import json
 import os
-import sys
 
+from absl import app
 import numpy as np
 
 SKIPPED = (".log", ".index", ".data-00000-of-00001", ".bin", ".tmp")
@@ -66,7 +66,12 @@ def compare(old: str, new: str) -> int:
   return differences
 
 
+def main(argv):
+  """``argv``: the program, OLD_DIR and NEW_DIR (absl leaves the positional arguments)."""
+  if len(argv) != 3:
+    return __doc__
+  return 1 if compare(argv[1], argv[2]) else 0
+
+
 if __name__ == "__main__":
-  if len(sys.argv) != 3:
-    sys.exit(__doc__)
-  sys.exit(1 if compare(sys.argv[1], sys.argv[2]) else 0)
+  app.run(main)

@@ -11,11 +11,13 @@ Wikipedia dump slice in assets/, cleaned by ``data_prep.wiki``, split by
   python experiments/benchmarks/bench_salient_spans.py [--max_sentences 3000] [--model auto]
 """
 
-import argparse
 import json
 import pathlib
 import sys
 import time
+
+from absl import app
+from absl import flags
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -25,6 +27,13 @@ from data_prep import text as text_lib  # pylint: disable=g-import-not-at-top
 from data_prep import wiki  # pylint: disable=g-import-not-at-top
 
 DEFAULT_ARTICLES = ROOT / "assets" / "wikipedia" / "enwiki-shortened.xml.bz2"
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("articles", str(DEFAULT_ARTICLES),
+                    "A MediaWiki dump, or JSON lines of {\"text\": ...}.")
+flags.DEFINE_integer("max_sentences", 3000, "Sentences annotated.")
+flags.DEFINE_string("model", "auto", "The spaCy model (SpanAnnotator's; auto: the installed one).")
+flags.DEFINE_integer("batch_size", 256, "Sentences per batch of both annotators.")
 
 
 def load_sentences(path, limit):
@@ -42,16 +51,11 @@ def load_sentences(path, limit):
   return out[:limit]
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--articles", default=str(DEFAULT_ARTICLES))
-  parser.add_argument("--max_sentences", type=int, default=3000)
-  parser.add_argument("--model", default="auto")
-  parser.add_argument("--batch_size", type=int, default=256)
-  args = parser.parse_args()
+def main(argv):
+  del argv
   import spacy  # pylint: disable=g-import-not-at-top  # Heavy: not loaded for --help.
-  sentences = load_sentences(args.articles, args.max_sentences)
-  ours = salient_spans.SpanAnnotator(args.model, batch_size=args.batch_size)
+  sentences = load_sentences(FLAGS.articles, FLAGS.max_sentences)
+  ours = salient_spans.SpanAnnotator(FLAGS.model, batch_size=FLAGS.batch_size)
   if not ours.has_statistical_model:
     sys.exit("no spaCy statistical model installed; nothing to compare with")
   full = spacy.load(ours.model_name)
@@ -59,14 +63,14 @@ def main():
   list(full.pipe(sentences[:50]))
 
   start = time.perf_counter()
-  docs = list(full.pipe(sentences, batch_size=args.batch_size))
+  docs = list(full.pipe(sentences, batch_size=FLAGS.batch_size))
   t_spacy = time.perf_counter() - start
   start = time.perf_counter()
   spans = ours.annotate(sentences)
   t_ours = time.perf_counter() - start
 
   n = len(sentences)
-  print(f"sentences: {n} (from {args.articles})")
+  print(f"sentences: {n} (from {FLAGS.articles})")
   print(f"model: {ours.model_name}; ours: {ours.description}; spaCy: {'+'.join(full.pipe_names)}")
   print(f"spaCy nlp.pipe (full pipeline): {n / t_spacy:8.1f} sentences/s ({t_spacy:.2f} s, "
         f"{sum(len(d.ents) for d in docs)} entities)")
@@ -76,4 +80,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

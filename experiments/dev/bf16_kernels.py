@@ -11,6 +11,7 @@ partial results to bfloat16 grows with the length of its sum. Run it with oneDNN
   python -m experiments.dev.bf16_kernels
   TF_ENABLE_ONEDNN_OPTS=0 python -m experiments.dev.bf16_kernels
 """
+from absl import app
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import gen_linalg_ops
@@ -66,7 +67,8 @@ def rows(seed: int = 0):
   return out
 
 
-def main():
+def main(argv):
+  del argv
   print(f"{hardware.cpu_model()}; oneDNN {'on' if hardware.onednn_enabled() else 'off'}; "
         f"bfloat16 problem: {hardware.cpu_bfloat16_problem() or 'none'}")
   for op, length, error in rows():
@@ -74,4 +76,4 @@ def main():
 
 
 if __name__ == "__main__":
-  main()
+  app.run(main)

@@ -9,8 +9,8 @@ usage: python -m experiments.dev.query_cone WORK name=path [name=path ...]
 """
 import json
 import os
-import sys
 
+from absl import app
 import numpy as np
 
 from realm_tf import configs
@@ -53,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  main(sys.argv)
+  app.run(main)
