@@ -392,6 +392,10 @@ def health(model_dir: str, loop: int, refresher=None, waited: float = 0.0):
 
 def main(argv):
   del argv
+  # The smoke run's own defaults of the shared flags (one given on the command line wins).
+  for name, value in (("output_dir", "accelerator_smoke_out"), ("world_scale", 0.25),
+                      ("refresh_every", 25)):
+    FLAGS.set_default(name, value)
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
   model_dir = os.path.join(out, f"run-{int(time.time())}")
@@ -455,9 +459,6 @@ def main(argv):
 
 def run():
   define_flags()
-  for name, value in (("output_dir", "accelerator_smoke_out"), ("world_scale", 0.25),
-                      ("refresh_every", 25)):
-    FLAGS.set_default(name, value)
   cli.run_main(main)
 
 

@@ -157,6 +157,8 @@ def plot(out: str, runs: Dict[str, Dict[int, Dict[str, List]]]) -> str:
 
 def main(argv):
   del argv
+  # The tables' settings (the demo's knobs: NOTES section 17) and their output directory.
+  FLAGS.set_default("output_dir", "tables_out")
   if FLAGS.list:
     for name, (what, overrides, warm) in VARIANTS.items():
       shown = " ".join(f"{k}={v}" for k, v in overrides.items()) or "(no override)"
@@ -165,8 +167,8 @@ def main(argv):
   unknown = [v for v in FLAGS.variants if v not in VARIANTS]
   if unknown:
     raise ValueError(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-  recipe = recipe_flags.recipe()
-  table = tables.table_settings()
+  recipe = recipe_flags.recipe(FLAGS)
+  table = tables.table_settings(FLAGS)
   clock = Clock("diagnose", FLAGS.progress_seconds)
   out = os.path.abspath(FLAGS.output_dir)
   os.makedirs(out, exist_ok=True)
@@ -197,8 +199,6 @@ def main(argv):
 
 
 def run():
-  # The tables' settings (the demo's knobs: NOTES section 17) and their output directory.
-  FLAGS.set_default("output_dir", "tables_out")
   cli.run_main(main)
 
 

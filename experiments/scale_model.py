@@ -709,8 +709,10 @@ def memory_model(work: Workload, m: Measured, hw: Hardware) -> Dict[str, float]:
               fit_cores=fit_cores, towers=params["towers"], reader=params["reader"])
 
 
-def report(params, work: Workload, m: Measured, hw: Hardware) -> str:
-  """The Markdown report: the per-step table, memory, refresh and the bottleneck line."""
+def report(params, work: Workload, m: Measured, hw: Hardware,
+           experiment: str = "experiment") -> str:
+  """The Markdown report of ``experiment`` (its name, for the title): the per-step table,
+  memory, refresh and the bottleneck line."""
   rows = build_rows(work, m, hw)
   device = [r for r in rows if not r.host]
   step_s = sum(r.scaled_s for r in device)
@@ -719,7 +721,7 @@ def report(params, work: Workload, m: Measured, hw: Hardware) -> str:
   mem = memory_model(work, m, hw)
   out = []
   a = out.append
-  a(f"# REALM scale model: {FLAGS.experiment if FLAGS.is_parsed() else 'experiment'}")
+  a(f"# REALM scale model: {experiment}")
   a("")
   a(f"Config: batch {work.batch}, k={work.k}, Lq/Lb/Lr = {work.query_len}/{work.block_len}/"
     f"{work.reader_len}, {work.max_masks} masks, towers {work.retriever.num_layers}x"
@@ -852,7 +854,7 @@ def main(argv):
                 FLAGS.cores_per_host)
   start = time.time()
   m = measure(work, params.task.model, FLAGS.quick)
-  text = report(params, work, m, hw)
+  text = report(params, work, m, hw, FLAGS.experiment)
   text += f"\n(measurements took {time.time() - start:.0f} s)\n"
   sys.stdout.write(text)
   if FLAGS.output:

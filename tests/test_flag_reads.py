@@ -1,10 +1,23 @@
-"""Flags are read only where they are defined: ``experiments/pipeline/stages.py`` reads none, and every
-module of ``experiments`` reads only the flags it defines or defines in a module it imports (a
-flags module such as ``experiments/pipeline/recipe_flags.py``).
+"""Only a driver's ``main`` reads flags (README, "Configs, directories, layout"), in every module
+of ``experiments`` (its subfolders ``pipeline/``, ``synthetic/``, ``real_text/``, ``dev/`` and
+``benchmarks/`` included); ``experiments/pipeline/stages.py`` reads none, every flag read is
+defined in the module or in a module it imports (a flags module such as
+``experiments/pipeline/recipe_flags.py``), and no module of ``realm_tf`` outside
+``realm_tf/binaries/`` touches flags at all.
 
-Read from the source (the AST): ``FLAGS.name``, ``FLAGS["name"]`` and ``FLAGS.set_default("name",
-...)`` are reads; ``flags.DEFINE_*("name", ...)`` a definition. A flag per field of a dataclass
-(``for field in dataclasses.fields(Cls): define(field.name, ...)``, and the matching
+Read from the source (the AST). **A read of flags** is any use of absl's ``FLAGS`` (the name
+``FLAGS`` or the attribute ``flags.FLAGS``): ``FLAGS.name``, ``FLAGS["name"]``,
+``FLAGS.set_default(...)``, ``FLAGS(argv)``, ``name in FLAGS``, or ``FLAGS`` handed on as a value;
+the one exception is the module-level binding ``FLAGS = flags.FLAGS``. **A handler** is a
+function named ``main``, or a function a module registers with absl as its program or
+subcommand (passed by name to ``app.run``, ``cli.run_main`` or ``cli.run_subcommands``-style
+calls: any call whose function is named ``run``, ``run_main`` or ``run_subcommand(s)``).
+Reads are allowed only inside a handler's body (functions nested in it included); a helper gets
+the parsed values as an argument (``recipe_flags.recipe(FLAGS)`` from ``main``, a ``values``
+parameter, or a dataclass built in ``main``).
+
+For the definitions: ``flags.DEFINE_*("name", ...)`` defines ``name``, and a flag per field of a
+dataclass (``for field in dataclasses.fields(Cls): define(field.name, ...)``, and the matching
 ``FLAGS[f.name] for f in dataclasses.fields(Cls)``) counts as each of ``Cls``'s fields.
 """
 
@@ -12,7 +25,7 @@ import ast
 import dataclasses
 import importlib
 import os
-from typing import Dict, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 
@@ -131,6 +144,83 @@ def test_the_scan_sees_a_flag_read_that_is_defined_nowhere(tmp_path, monkeypatch
   monkeypatch.syspath_prepend(str(tmp_path))
   defined, read, _ = scan("planted_flags", str(tmp_path / "planted_flags.py"))
   assert defined == {"alpha"} and read == {"alpha", "beta"}
+
+
+HANDLER_REGISTRARS = {"run", "run_main", "run_subcommand", "run_subcommands"}
+
+
+def _is_flags(node: ast.AST) -> bool:
+  """``FLAGS`` or ``<anything>.FLAGS`` (``flags.FLAGS``), read."""
+  return ((isinstance(node, ast.Name) and node.id == "FLAGS" and isinstance(node.ctx, ast.Load))
+          or (isinstance(node, ast.Attribute) and node.attr == "FLAGS"
+              and isinstance(node.ctx, ast.Load)))
+
+
+def handlers(tree: ast.Module) -> Set[str]:
+  """The handlers' names: ``main``, and every function passed by name to a registrar."""
+  names = {"main"}
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call):
+      func = node.func
+      called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+      if called in HANDLER_REGISTRARS:
+        names |= {a.id for a in node.args if isinstance(a, ast.Name)}
+  return names
+
+
+def flag_reads_outside_handlers(path: str) -> List[Tuple[int, str]]:
+  """``(line, where)`` of each read of flags outside a handler (module docstring)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  allowed = handlers(tree)
+  found = []
+
+  def visit(node: ast.AST, where: str, inside: bool) -> None:
+    for child in ast.iter_child_nodes(node):
+      if (isinstance(node, ast.Module) and isinstance(child, ast.Assign)
+          and [getattr(t, "id", "") for t in child.targets] == ["FLAGS"]
+          and _is_flags(child.value) and isinstance(child.value, ast.Attribute)):
+        continue   # FLAGS = flags.FLAGS
+      if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        name = f"{where}.{child.name}" if where else child.name
+        visit(child, name, inside or (not where and child.name in allowed))
+        continue
+      if isinstance(child, ast.ClassDef):
+        visit(child, f"{where}.{child.name}" if where else child.name, inside)
+        continue
+      if _is_flags(child) and not inside:
+        found.append((child.lineno, where or "<module>"))
+      visit(child, where, inside)
+
+  visit(tree, "", False)
+  return sorted(set(found))
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_only_a_handler_reads_flags(module):
+  reads = flag_reads_outside_handlers(MODULES[module])
+  assert not reads, (f"{module} reads flags outside main (or a registered handler): "
+                     + ", ".join(f"line {line} in {where}" for line, where in reads)
+                     + "; pass the parsed values down from main instead")
+
+
+def test_the_handler_check_sees_a_read_outside_main(tmp_path):
+  """The check can fail: reads at module level, in a helper, in a method and through
+  ``flags.FLAGS`` are caught; the binding ``FLAGS = flags.FLAGS``, reads in ``main`` (and in
+  a function nested in it) and in a function registered with ``app.run`` are not."""
+  planted = tmp_path / "planted_reads.py"
+  planted.write_text(
+      "from absl import app\nfrom absl import flags\nFLAGS = flags.FLAGS\n"
+      "FLAGS.set_default('a', 1)\n"                                   # 4: module level
+      "def helper():\n  return FLAGS.b\n"                              # 6: a helper
+      "class C:\n  def method(self):\n    return flags.FLAGS['c']\n"  # 9: a method
+      "def passes_on(f):\n  return f(FLAGS)\n"                         # 11: handed on
+      "def main(argv):\n  def nested():\n    return FLAGS.d\n"
+      "  return helper(), nested(), FLAGS.e\n"
+      "def other(argv):\n  return FLAGS.f\n"
+      "if __name__ == '__main__':\n  app.run(other)\n")
+  assert flag_reads_outside_handlers(str(planted)) == [
+      (4, "<module>"), (6, "helper"), (9, "C.method"), (11, "passes_on")]
 
 
 def reads_flags(path: str) -> bool:

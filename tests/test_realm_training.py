@@ -360,7 +360,8 @@ def test_bfloat16_is_refused_up_front_where_tensorflows_own_kernels_would_comput
     train_lib.check_bfloat16_device(tf.distribute.OneDeviceStrategy("/cpu:0"))
   gpu = type("Gpu", (), {"extended": type("E", (), {"worker_devices": ("/device:GPU:0",)})})
   train_lib.check_bfloat16_device(gpu)   # a GPU computes bfloat16 itself
+  from absl import flags  # pylint: disable=g-import-not-at-top
   from experiments.pipeline import recipe_flags  # pylint: disable=g-import-not-at-top
   with flagsaver.flagsaver(precision="bfloat16"):
     with pytest.raises(configs.ConfigError, match="refused"):
-      recipe_flags.recipe()
+      recipe_flags.recipe(flags.FLAGS)

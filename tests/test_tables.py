@@ -194,8 +194,8 @@ def test_the_flags_give_the_default_recipe_and_table_settings():
   to its field's default, so a seed run with no flag is the default recipe's."""
   if not tables.FLAGS.is_parsed():
     tables.FLAGS(["tables"])
-  assert recipe_flags.recipe() == stages.Recipe()
-  assert tables.table_settings() == table_seed.TableSettings()
+  assert recipe_flags.recipe(tables.FLAGS) == stages.Recipe()
+  assert tables.table_settings(tables.FLAGS) == table_seed.TableSettings()
 
 
 def test_split_by_coverage_against_a_direct_count(tmp_path):

@@ -104,10 +104,10 @@ def onednn_report() -> str:
   return "\n".join(lines)
 
 
-def params_for(base_overrides, dtype, wide: bool, with_init: bool):
+def params_for(base_overrides, dtype, wide: bool, with_init: bool, values):
   overrides = list(base_overrides) + [f"runtime.mixed_precision_dtype={dtype}"]
   if wide:
-    h, layers = FLAGS.wide_hidden, FLAGS.wide_layers
+    h, layers = values.wide_hidden, values.wide_layers
     for tower in ("retriever", "reader"):
       overrides += [f"task.model.{tower}.encoder.hidden_size={h}",
                     f"task.model.{tower}.encoder.num_layers={layers}",
@@ -139,7 +139,7 @@ def initial_weights(params):
     return model.get_weights()
 
 
-def time_steps(params, weights, batches) -> tuple:
+def time_steps(params, weights, batches, values) -> tuple:
   """Steps/s of ``steps`` train steps after ``warmup`` under the params' precision policy,
   the last loss, and the reader's compute dtype."""
   with train_lib.precision_policy(params.runtime.mixed_precision_dtype):
@@ -149,30 +149,30 @@ def time_steps(params, weights, batches) -> tuple:
     optimizer = task.create_optimizer(params.trainer.optimizer_config, params.runtime)
     metrics = task.build_metrics(training=True)
     step = tf.function(lambda x: task.train_step(x, model, optimizer, metrics)["loss"],
-                       jit_compile=FLAGS.xla)
-    for i in range(FLAGS.warmup):
+                       jit_compile=values.xla)
+    for i in range(values.warmup):
       step(batches[i % len(batches)]).numpy()
     start = time.perf_counter()
-    for i in range(FLAGS.steps):
+    for i in range(values.steps):
       loss = step(batches[i % len(batches)])
     loss = float(loss.numpy())
     elapsed = time.perf_counter() - start
     compute = model.reader.encoder.compute_dtype
-  return FLAGS.steps / elapsed, loss, compute
+  return values.steps / elapsed, loss, compute
 
 
-def bench_model(name, base_overrides, wide, with_init, batches):
-  f32 = params_for(base_overrides, "float32", wide, with_init)
-  bf16 = params_for(base_overrides, "bfloat16", wide, with_init)
+def bench_model(name, base_overrides, wide, with_init, batches, values):
+  f32 = params_for(base_overrides, "float32", wide, with_init, values)
+  bf16 = params_for(base_overrides, "bfloat16", wide, with_init, values)
   weights = initial_weights(f32)
   enc = f32.task.model.reader.encoder
   rates = {"float32": [], "bfloat16": []}
-  for r in range(FLAGS.repeats):
+  for r in range(values.repeats):
     for dtype, params in (("float32", f32), ("bfloat16", bf16)):
-      rate, loss, compute = time_steps(params, weights, batches)
+      rate, loss, compute = time_steps(params, weights, batches, values)
       rates[dtype].append(rate)
       print(f"{name} run {r}: {dtype:8s} {rate:.3f} steps/s (computes in {compute}; loss "
-            f"after {FLAGS.warmup + FLAGS.steps} steps {loss:.4f})", flush=True)
+            f"after {values.warmup + values.steps} steps {loss:.4f})", flush=True)
   f, b = statistics.median(rates["float32"]), statistics.median(rates["bfloat16"])
   shape = (f"{enc.num_layers} layers x {enc.hidden_size}, batch "
            f"{int(batches[0]['query_word_ids'].shape[0])}, k={f32.task.model.num_candidates}, "
@@ -183,7 +183,7 @@ def bench_model(name, base_overrides, wide, with_init, batches):
           f"ratio bf16 / f32: {b / f:.3f}")
 
 
-def bench_query_tower(params, batches):
+def bench_query_tower(params, batches, values):
   """The host's query-tower snapshot (``CandidateBuilder`` builds it while the trainer's
   global policy is set, so under ``bfloat16`` it computes in bfloat16 on the host CPU):
   forward queries/s per policy, interleaved, with the params' encoder shape."""
@@ -191,7 +191,7 @@ def bench_query_tower(params, batches):
              "input_type_ids": b["query_type_ids"]} for b in batches]
   rates = {"float32": [], "bfloat16": []}
   weights = None
-  for _ in range(FLAGS.repeats):
+  for _ in range(values.repeats):
     for dtype in rates:
       with train_lib.precision_policy(dtype):
         tower = modeling.build_embedder(params.task.model.retriever, "snapshot_embedder")
@@ -204,7 +204,7 @@ def bench_query_tower(params, batches):
           embed(x).numpy()
         start = time.perf_counter()
         count = 0
-        for _ in range(max(1, FLAGS.steps // len(inputs))):
+        for _ in range(max(1, values.steps // len(inputs))):
           for x in inputs:
             embed(x).numpy()
             count += int(x["input_word_ids"].shape[0])
@@ -220,19 +220,22 @@ def bench_query_tower(params, batches):
 
 def main(argv):
   del argv
+  FLAGS.set_default("steps", 20)   # bench_train_loop's --steps, this benchmark's default
   if FLAGS.onednn_check:
     print(onednn_report(), flush=True)
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="bench_bf16_")
-  base = bench_train_loop.task_overrides(*bench_train_loop.prepare(work))
+  base = bench_train_loop.task_overrides(*bench_train_loop.prepare(work, FLAGS))
   # Token ids only: the same batches feed the wider model (its towers start at random; the
   # index's query-tower snapshot, which retrieves them, is the narrow ICT one).
-  batches = feature_batches(params_for(base, "float32", False, True), FLAGS.num_batches)
-  summaries = [bench_model("realm_pretrain_cpu", base, False, True, batches)]
+  batches = feature_batches(params_for(base, "float32", False, True, FLAGS),
+                            FLAGS.num_batches)
+  summaries = [bench_model("realm_pretrain_cpu", base, False, True, batches, FLAGS)]
   if FLAGS.wide:
     wide_batches = [{k: v[:FLAGS.wide_batch] for k, v in b.items()} for b in batches]
     summaries.append(bench_model(f"wide {FLAGS.wide_layers}x{FLAGS.wide_hidden}", base,
-                                 True, False, wide_batches))
-  summaries.append(bench_query_tower(params_for(base, "float32", FLAGS.wide, False), batches))
+                                 True, False, wide_batches, FLAGS))
+  summaries.append(bench_query_tower(params_for(base, "float32", FLAGS.wide, False, FLAGS),
+                                     batches, FLAGS))
   print(f"\nREALM train step (forward + backward + AdamW, host retrieval not timed), "
         f"{FLAGS.steps} timed steps after {FLAGS.warmup} per run, {FLAGS.repeats} runs per "
         f"dtype, interleaved, xla={FLAGS.xla}, {os.cpu_count()} CPUs"
@@ -244,5 +247,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  FLAGS.set_default("steps", 20)
   cli.run_main(main)

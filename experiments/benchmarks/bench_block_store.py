@@ -199,9 +199,9 @@ def _warm_up(blocks_dir):
   gc.collect()
 
 
-def _batches(n, batch_size, k, seed, slack=4):
+def _batches(values, n, batch_size, k, seed, slack=4):
   rng = np.random.default_rng([seed, 1])
-  for _ in range(FLAGS.batches):
+  for _ in range(values.batches):
     lengths = rng.integers(10, 61, batch_size)
     query_ids = np.zeros([batch_size, 96], np.int64)
     query_mask = np.zeros([batch_size, 96], np.int64)
@@ -216,9 +216,9 @@ def _batches(n, batch_size, k, seed, slack=4):
                mlm_weights=masks.astype(np.float32)), source, ranked
 
 
-def run_role(role, blocks_dir):
+def run_role(role, blocks_dir, values):
   """One measurement in this process; returns a dict (printed as JSON)."""
-  config = configs.RealmModelConfig(num_candidates=FLAGS.num_candidates)
+  config = configs.RealmModelConfig(num_candidates=values.num_candidates)
   _warm_up(blocks_dir)
   n = int(manifests.load_blocks_manifest(blocks_dir)["num_blocks"])
   if role == "build":
@@ -231,7 +231,7 @@ def run_role(role, blocks_dir):
                 text_bytes=store.texts_nbytes(),
                 token_bytes=store.num_tokens * store.token_dtype.itemsize,
                 peak_growth_kb=_status()["VmHWM"] - rss0["VmRSS"])
-  batches = list(_batches(n, FLAGS.batch_size, FLAGS.num_candidates, FLAGS.seed))
+  batches = list(_batches(values, n, values.batch_size, values.num_candidates, values.seed))
   uids = np.load(os.path.join(blocks_dir, UIDS), mmap_mode="r")
   sources = [np.array(uids[source]) for _, source, _ in batches]  # the queries' source uids
   del uids
@@ -266,11 +266,11 @@ def run_role(role, blocks_dir):
               features_sha1=digest.hexdigest())
 
 
-def _subprocess(role, blocks_dir):
+def _subprocess(role, blocks_dir, values):
   argv = [sys.executable, "-m", "experiments.benchmarks.bench_block_store", f"--role={role}",
-          f"--blocks_dir={blocks_dir}", f"--batches={FLAGS.batches}",
-          f"--batch_size={FLAGS.batch_size}", f"--num_candidates={FLAGS.num_candidates}",
-          f"--seed={FLAGS.seed}"]
+          f"--blocks_dir={blocks_dir}", f"--batches={values.batches}",
+          f"--batch_size={values.batch_size}", f"--num_candidates={values.num_candidates}",
+          f"--seed={values.seed}"]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   done = subprocess.run(argv, capture_output=True, text=True, env=env)
   if done.returncode:
@@ -284,7 +284,7 @@ def _subprocess(role, blocks_dir):
 def main(argv):
   del argv
   if FLAGS.role:
-    print(json.dumps(run_role(FLAGS.role, FLAGS.blocks_dir)))
+    print(json.dumps(run_role(FLAGS.role, FLAGS.blocks_dir, FLAGS)))
     return
   n, small = FLAGS.num_blocks, min(FLAGS.num_blocks, FLAGS.before_max_blocks)
   work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="bench_block_store_")
@@ -299,14 +299,14 @@ def main(argv):
                        ("after", n)):
       if (role, size) not in results:
         print(f"measuring {role} at {size} blocks ...", flush=True)
-        results[role, size] = _subprocess(role, dirs[size])
-    report(results, n, small)
+        results[role, size] = _subprocess(role, dirs[size], FLAGS)
+    report(results, n, small, FLAGS)
   finally:
     if not FLAGS.work_dir:
       shutil.rmtree(work_dir, ignore_errors=True)
 
 
-def report(results, n, small):
+def report(results, n, small, values):
   before, after_small = results["before", small], results["after", small]
   build, after = results["build", n], results["after", n]
   scale = n / small
@@ -314,7 +314,7 @@ def report(results, n, small):
   token_bytes = build["token_bytes"]
   target = 1.2 * token_bytes + 32 * n
   print(f"\ncorpus: {n} blocks, {token_bytes / n / 2:.0f} wordpieces per block on average; "
-        f"{FLAGS.batches} batches of {FLAGS.batch_size} queries x {FLAGS.num_candidates} "
+        f"{values.batches} batches of {values.batch_size} queries x {values.num_candidates} "
         "candidates")
   note = "" if small == n else f"  (measured at {small} blocks, x{scale:g} linearly)"
   print(f"before  read_blocks + pack_blocks: start-up {before['startup_s'] * scale:8.1f} s, "

@@ -53,24 +53,24 @@ def _qps(index, queries, batch, limit):
   return len(queries) / (time.perf_counter() - start)
 
 
-def bench_index(n, dim, work_dir):
+def bench_index(n, dim, work_dir, values):
   rng = np.random.default_rng(0)
   emb = rng.standard_normal((n, dim), dtype=np.float32)
-  queries = rng.standard_normal((FLAGS.num_queries, dim), dtype=np.float32)
+  queries = rng.standard_normal((values.num_queries, dim), dtype=np.float32)
   rows = {}
   start = time.perf_counter()
   exact = mips_index.BruteForceIndex(emb)
   exact_build = time.perf_counter() - start
   exact_ids, _ = exact.search(queries, 10)
   candidates = [("scann", mips_index.ScannSettings())]
-  if FLAGS.flat_row and "num_leaves" in mips_index.ScannSettings().resolve(n):
+  if values.flat_row and "num_leaves" in mips_index.ScannSettings().resolve(n):
     candidates.append(("flat", mips_index.ScannSettings(use_tree=False)))
   built = []
   for name, settings in candidates:
     start = time.perf_counter()
     index = mips_index.ScannIndex.build(emb, settings)
     built.append((name, index, time.perf_counter() - start))
-  if FLAGS.exact_row:
+  if values.exact_row:
     built.append(("exact", exact, exact_build))
   for name, index, build in built:
     recall = mips_index.recall_at_k(index.search(queries, 10)[0], exact_ids)
@@ -80,25 +80,25 @@ def bench_index(n, dim, work_dir):
     extra = _dir_bytes(os.path.join(path, mips_index.SCANN_DIR)) if name != "exact" else on_disk
     shutil.rmtree(path)
     rows[name] = dict(
-        build_s=build, qps1=_qps(index, queries, 1, FLAGS.single_queries),
+        build_s=build, qps1=_qps(index, queries, 1, values.single_queries),
         qps128=_qps(index, queries, 128, len(queries)), recall=recall,
         bytes_per_block=on_disk / n, index_bytes_per_block=extra / n,
         settings=index.settings())
   return rows
 
 
-def bench_embedding(work_dir):
+def bench_embedding(work_dir, values):
   vocab = testing.write_vocab(os.path.join(work_dir, "vocab.txt"))
   blocks_dir = os.path.join(work_dir, "blocks")
   # Long bodies, so that blocks fill the sequence length as real ones do.
-  testing.make_corpus(blocks_dir, vocab, FLAGS.embed_blocks,
-                      block_seq_length=FLAGS.embed_seq_length, num_shards=4,
-                      min_words=FLAGS.embed_seq_length, max_words=2 * FLAGS.embed_seq_length)
+  testing.make_corpus(blocks_dir, vocab, values.embed_blocks,
+                      block_seq_length=values.embed_seq_length, num_shards=4,
+                      min_words=values.embed_seq_length, max_words=2 * values.embed_seq_length)
   trainer = testing.TinyTrainer(os.path.join(work_dir, "model"), vocab,
-                                hidden_size=FLAGS.embed_hidden, projection_size=128,
-                                block_seq_length=FLAGS.embed_seq_length)
+                                hidden_size=values.embed_hidden, projection_size=128,
+                                block_seq_length=values.embed_seq_length)
   embedder = trainer.block_embedder
-  seq, batch = FLAGS.embed_seq_length, FLAGS.embed_batch
+  seq, batch = values.embed_seq_length, values.embed_batch
 
   def pipeline():
     return corpus_embedding.embed_corpus(embedder, blocks_dir, seq, trainer.config.vocab_file,
@@ -117,7 +117,7 @@ def bench_embedding(work_dir):
   for inputs in batches:
     forward(inputs).numpy()
   raw_s = time.perf_counter() - start
-  return FLAGS.embed_blocks / pipeline_s, FLAGS.embed_blocks / raw_s
+  return values.embed_blocks / pipeline_s, values.embed_blocks / raw_s
 
 
 def main(argv):
@@ -129,7 +129,7 @@ def main(argv):
         f"{'qps@1':>8} {'qps@128':>9} {'recall@10':>9}")
   for size in FLAGS.sizes:
     n = int(float(size))
-    rows = bench_index(n, FLAGS.dim, work_dir)
+    rows = bench_index(n, FLAGS.dim, work_dir, FLAGS)
     for name, r in rows.items():
       print(f"{n:>9} {name:>6} {r['build_s']:>8.1f} {r['bytes_per_block']:>8.0f} "
             f"{r['index_bytes_per_block']:>8.0f} {r['qps1']:>8.0f} {r['qps128']:>9.0f} "
@@ -140,7 +140,7 @@ def main(argv):
         print(f"{n:>9} ratio {name}/exact: qps@1 x{s['qps1'] / e['qps1']:.1f}, "
               f"qps@128 x{s['qps128'] / e['qps128']:.1f}; settings {s['settings']}", flush=True)
   if FLAGS.embed_blocks:
-    pipe, raw = bench_embedding(work_dir)
+    pipe, raw = bench_embedding(work_dir, FLAGS)
     print(f"embedding {FLAGS.embed_blocks} blocks of {FLAGS.embed_seq_length} tokens, 2-layer "
           f"BERT hidden {FLAGS.embed_hidden}, batch {FLAGS.embed_batch}: embed_corpus "
           f"{pipe:.0f} blocks/s, raw Keras forward on the same batches {raw:.0f} blocks/s "

@@ -193,14 +193,14 @@ def _recall(vectors, queries, ids, kth):
 
 
 # ------------------------------------------------------------------------------- the rows --
-def _child_project(data, n):
+def _child_project(data, n, values):
   table = np.load(data["vectors"], mmap_mode="r")
-  settings = mips_index.ScannSettings(build_memory_gib=FLAGS.build_memory_gib or None)
-  peak = PeakRss(FLAGS.max_rss_gib * _GIB).start()
+  settings = mips_index.ScannSettings(build_memory_gib=values.build_memory_gib or None)
+  peak = PeakRss(values.max_rss_gib * _GIB).start()
   start = time.perf_counter()
   index = mips_index.build_index(table, "scann", settings)
   build_s = time.perf_counter() - start
-  path = os.path.join(FLAGS.work_dir, f"project-{n}")
+  path = os.path.join(values.work_dir, f"project-{n}")
   shutil.rmtree(path, ignore_errors=True)
   index.save(path)
   build_gib = peak.stop()
@@ -214,13 +214,13 @@ def _child_project(data, n):
                     f"{s['tuning']['seconds']}s"))
 
 
-def _child_load(data, n):
+def _child_load(data, n, values):
   table = np.load(data["vectors"], mmap_mode="r")
   queries, kth = data["queries"], data["kth"]
-  peak = PeakRss(FLAGS.max_rss_gib * _GIB).start()
-  index = mips_index.load_index(os.path.join(FLAGS.work_dir, f"project-{n}"))
+  peak = PeakRss(values.max_rss_gib * _GIB).start()
+  index = mips_index.load_index(os.path.join(values.work_dir, f"project-{n}"))
   recall = _recall(table, queries, index.search(queries, 10)[0], kth)
-  qps = _qps(lambda q: index.search(q, 10), queries, FLAGS.batch, FLAGS.repeats)
+  qps = _qps(lambda q: index.search(q, 10), queries, values.batch, values.repeats)
   total = peak.stop()
   return dict(search_gib=peak.peak_anon / _GIB, qps=qps, recall=recall,
               search_note=f"searching: {total:.2f} GiB VmRSS with the mapped page cache")
@@ -249,10 +249,11 @@ class _Raw:
                                                  pre_reorder_num_neighbors=reorder,
                                                  leaves_to_search=leaves)[0]
 
-  def tune(self, vectors, queries, kth, target):
-    """For each depth, the fewest leaves reaching ``target`` on ``queries``; all (L, R, r)."""
+  def tune(self, vectors, queries, kth, target, reorders):
+    """For each depth of ``reorders``, the fewest leaves reaching ``target`` on ``queries``;
+    all (L, R, r)."""
     out = []
-    for reorder in (int(r) for r in FLAGS.raw_reorder):
+    for reorder in (int(r) for r in reorders):
       def rec(leaves, reorder=reorder):
         return _recall(vectors, queries, self.search(queries, leaves, reorder), kth)
       if rec(self.num_leaves) < target:
@@ -268,13 +269,13 @@ class _Raw:
     return out
 
 
-def _child_raw(data, n, name):
+def _child_raw(data, n, name, values):
   queries, kth, target = data["queries"], data["kth"], float(data["target"])
-  peak = PeakRss(FLAGS.max_rss_gib * _GIB).start()
+  peak = PeakRss(values.max_rss_gib * _GIB).start()
   vectors = np.load(data["vectors"])  # Raw ScaNN builds from an array in memory.
   raw = _Raw(vectors, max(2, int(round(np.sqrt(n)))), 1.5 if name == "raw-f32" else None,
              name == "raw-f32")
-  path = os.path.join(FLAGS.work_dir, f"{name}-{n}")
+  path = os.path.join(values.work_dir, f"{name}-{n}")
   os.makedirs(path, exist_ok=True)
   raw.searcher.serialize(path, relative_path=True)
   raw_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
@@ -282,9 +283,9 @@ def _child_raw(data, n, name):
   shutil.rmtree(path, ignore_errors=True)
   build_gib = peak.stop()
   best = None
-  for nl, reorder, r in raw.tune(vectors, queries, kth, target):
+  for nl, reorder, r in raw.tune(vectors, queries, kth, target, values.raw_reorder):
     qps = _qps(lambda q, nl=nl, reorder=reorder: raw.search(q, nl, reorder), queries,
-               FLAGS.batch, FLAGS.repeats)
+               values.batch, values.repeats)
     if best is None or qps > best["qps"]:
       best = dict(qps=qps, recall=r, note=f"hand-tuned on these queries: leaves {nl}/"
                   f"{raw.num_leaves}, reorder {reorder}")
@@ -295,13 +296,13 @@ def _child_raw(data, n, name):
   return best
 
 
-def _run_child(name, n, data_path):
+def _run_child(name, n, data_path, values):
   """Runs one row in its own process; its JSON, or ``{"failed": why}``."""
   cmd = [sys.executable, "-m", "experiments.benchmarks.bench_index_scale", f"--child={name}",
-         f"--child_n={n}", f"--work_dir={FLAGS.work_dir}", f"--dim={FLAGS.dim}",
-         f"--batch={FLAGS.batch}", f"--repeats={FLAGS.repeats}",
-         f"--raw_reorder={','.join(FLAGS.raw_reorder)}",
-         f"--build_memory_gib={FLAGS.build_memory_gib}", f"--max_rss_gib={FLAGS.max_rss_gib}"]
+         f"--child_n={n}", f"--work_dir={values.work_dir}", f"--dim={values.dim}",
+         f"--batch={values.batch}", f"--repeats={values.repeats}",
+         f"--raw_reorder={','.join(values.raw_reorder)}",
+         f"--build_memory_gib={values.build_memory_gib}", f"--max_rss_gib={values.max_rss_gib}"]
   start = time.perf_counter()
   proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                         check=False)
@@ -313,34 +314,34 @@ def _run_child(name, n, data_path):
   return out
 
 
-def bench(n, work_dir):
+def bench(n, work_dir, values):
   vectors_path = os.path.join(work_dir, f"vectors-{n}.npy")
-  make_queries = write_clustered(vectors_path, n, FLAGS.dim, FLAGS.num_clusters, FLAGS.seed)
-  queries = make_queries(FLAGS.num_queries, FLAGS.seed + 1).astype(np.float32)
+  make_queries = write_clustered(vectors_path, n, values.dim, values.num_clusters, values.seed)
+  queries = make_queries(values.num_queries, values.seed + 1).astype(np.float32)
   exact_ids, kth, exact_s = exact_reference(vectors_path, queries)
   table = np.load(vectors_path, mmap_mode="r")
   rows = {}
-  timed = queries[:2 * FLAGS.batch]  # Exact search: timed on two batches (the slow one).
+  timed = queries[:2 * values.batch]  # Exact search: timed on two batches (the slow one).
   exact = mips_index.BruteForceIndex(table, check=False)
   rows["exact"] = dict(build_s=0.0, build_gib=0.0, search_gib=float("nan"),
-                       bytes=FLAGS.dim * 4.0,
-                       qps=_qps(lambda q: exact.search(q, 10), timed, FLAGS.batch, 1),
+                       bytes=values.dim * 4.0,
+                       qps=_qps(lambda q: exact.search(q, 10), timed, values.batch, 1),
                        recall=_recall(table, queries, exact_ids, kth),
                        note=f"recall reference: {exact_s:.1f}s for {len(queries)} queries")
   data_path = os.path.join(work_dir, f"data-{n}.npz")
   np.savez(data_path, queries=queries, kth=kth, vectors=vectors_path, target=0.0)
 
-  project = _run_child("project", n, data_path)
+  project = _run_child("project", n, data_path, values)
   if "failed" not in project:
-    loaded = _run_child("load", n, data_path)
+    loaded = _run_child("load", n, data_path, values)
     project.update(loaded)
     project["note"] = f"{project['note']}; {loaded.get('search_note', loaded.get('failed'))}"
   rows["project"] = project
   target = project.get("recall", 0.95)
   np.savez(data_path, queries=queries, kth=kth, vectors=vectors_path, target=target)
-  names = (["raw"] if FLAGS.raw else []) + (["raw-f32"] if FLAGS.raw_f32 else [])
+  names = (["raw"] if values.raw else []) + (["raw-f32"] if values.raw_f32 else [])
   for name in names:
-    rows[name] = _run_child(name, n, data_path)
+    rows[name] = _run_child(name, n, data_path, values)
   shutil.rmtree(os.path.join(work_dir, f"project-{n}"), ignore_errors=True)
   os.remove(vectors_path)
   return rows
@@ -369,11 +370,12 @@ def main(argv):
     data = dict(np.load(os.path.join(FLAGS.work_dir, f"data-{FLAGS.child_n}.npz")))
     data["vectors"] = str(data["vectors"])
     run = {"project": _child_project, "load": _child_load}.get(FLAGS.child)
-    out = (run(data, FLAGS.child_n) if run else _child_raw(data, FLAGS.child_n, FLAGS.child))
+    out = (run(data, FLAGS.child_n, FLAGS) if run
+           else _child_raw(data, FLAGS.child_n, FLAGS.child, FLAGS))
     print(json.dumps(out), flush=True)
     return
   FLAGS.work_dir = FLAGS.work_dir or tempfile.mkdtemp(prefix="bench_index_scale_")
-  own_dir = not flags.FLAGS["work_dir"].present
+  own_dir = not FLAGS["work_dir"].present
   os.makedirs(FLAGS.work_dir, exist_ok=True)
   print(f"machine: {os.cpu_count()} CPUs visible, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / _GIB:.0f} GiB; "
         f"qps are indicative on a shared host; project build_memory_gib {FLAGS.build_memory_gib}")
@@ -382,7 +384,7 @@ def main(argv):
         f"{'B/block':>8} {qps_head:>9} {'recall@10':>9}  notes")
   for size in FLAGS.num_vectors:
     n = int(float(size))
-    rows = bench(n, FLAGS.work_dir)
+    rows = bench(n, FLAGS.work_dir, FLAGS)
     for name, r in rows.items():
       _print_row(n, name, r)
     p, e = rows["project"], rows["exact"]

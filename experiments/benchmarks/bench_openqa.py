@@ -103,14 +103,14 @@ def make_blocks(articles, sentences_per_block: int = 2):
   return titles, bodies
 
 
-def make_synthetic(work: str):
+def make_synthetic(work: str, values):
   """World -> blocks -> an untrained openqa_cpu model dir -> its brute-force index.
 
   Returns ``(model_dir, index_dir, questions_file)``.
   """
   # Pulls in Apache Beam (data_prep.beam_utils), needed only without --model_dir.
   from data_prep import synthetic_world  # pylint: disable=g-import-not-at-top
-  s = FLAGS.world_scale
+  s = values.world_scale
   world = synthetic_world.generate_world(
       seed=0, num_regions=max(1, round(6 * s)), num_cities=round(30 * s),
       num_people=round(100 * s), num_organizations=round(24 * s), num_works=round(50 * s))
@@ -157,16 +157,16 @@ def answer_run(qa: predict.OpenQA, questions, batch_size: int):
   return total / n, qa.timings["retrieval_seconds"] / n, qa.timings["reading_seconds"] / n
 
 
-def measure_latency(model_dir: str, index_dir: str, questions):
+def measure_latency(model_dir: str, index_dir: str, questions, values):
   """``{batch_size: [(total, retrieval, reading) per question, one per repeat]}``."""
-  qa = predict.OpenQA.load(model_dir, index_dir, reader_beam_size=FLAGS.reader_beam_size)
+  qa = predict.OpenQA.load(model_dir, index_dir, reader_beam_size=values.reader_beam_size)
   texts = [q.question for q in questions]
-  texts = (texts * (FLAGS.latency_batch // len(texts) + 1))[:FLAGS.latency_batch]
-  sizes = (1, FLAGS.latency_batch)
+  texts = (texts * (values.latency_batch // len(texts) + 1))[:values.latency_batch]
+  sizes = (1, values.latency_batch)
   for b in sizes:   # warm-up: traces each shape, tokenizes the blocks read
     answer_run(qa, texts, b)
   runs = {b: [] for b in sizes}
-  for _ in range(FLAGS.repeats):
+  for _ in range(values.repeats):
     for b in sizes:
       runs[b].append(answer_run(qa, texts, b))
   return runs, qa
@@ -174,15 +174,15 @@ def measure_latency(model_dir: str, index_dir: str, questions):
 
 # --------------------------------------------------------------- 2. fine-tune step --
 
-def build_task(model_dir: str, index_dir: str, questions_file: str):
+def build_task(model_dir: str, index_dir: str, questions_file: str, values):
   params = configs.load_experiment(EXPERIMENT)
   task_config = configs.OpenQaTaskConfig(
       model=model_dir_lib.load_config(model_dir), index_dir=index_dir,
       init_checkpoint=model_dir,
       train_data=configs.OpenQaDataConfig(input_path=questions_file,
-                                          global_batch_size=FLAGS.batch_size, seed=0),
+                                          global_batch_size=values.batch_size, seed=0),
       retriever_beam_size=params.task.retriever_beam_size,
-      reader_beam_size=FLAGS.reader_beam_size, top_k=params.task.top_k)
+      reader_beam_size=values.reader_beam_size, top_k=params.task.top_k)
   return params, openqa_task.OpenQaTask(task_config)
 
 
@@ -196,9 +196,9 @@ def timed(fn, steps: int) -> float:
   return (time.perf_counter() - start) / steps
 
 
-def measure_steps(model_dir: str, index_dir: str, questions_file: str):
+def measure_steps(model_dir: str, index_dir: str, questions_file: str, values):
   """``({name: [seconds per step, one per repeat]}, batch shapes)``."""
-  params, task = build_task(model_dir, index_dir, questions_file)
+  params, task = build_task(model_dir, index_dir, questions_file, values)
   model = task.build_model()
   task.initialize(model)
   optimizer = task.create_optimizer(params.trainer.optimizer_config, params.runtime)
@@ -221,7 +221,7 @@ def measure_steps(model_dir: str, index_dir: str, questions_file: str):
 
   reader_inputs = models.tower_inputs(batch, "reader")   # [b * R, Lr]
   builder = task.builder()
-  chosen = read_questions(questions_file)[:FLAGS.batch_size]   # the step's batch size
+  chosen = read_questions(questions_file)[:values.batch_size]   # the step's batch size
   texts = [q.question for q in chosen]
   question_inputs = builder.question_inputs(texts)
   embeddings = task._embed_questions(question_inputs)  # pylint: disable=protected-access
@@ -235,9 +235,9 @@ def measure_steps(model_dir: str, index_dir: str, questions_file: str):
   for fn in runs.values():   # tracing, and the blocks' tokenization cache
     timed(fn, 2)
   times = {name: [] for name in runs}
-  for _ in range(FLAGS.repeats):
+  for _ in range(values.repeats):
     for name, fn in runs.items():
-      times[name].append(timed(fn, FLAGS.steps))
+      times[name].append(timed(fn, values.steps))
   shapes = {k: list(batch[k].shape) for k in ("beam_emb", "reader_word_ids")}
   return times, shapes
 
@@ -264,11 +264,11 @@ def main(argv):
     if FLAGS.model_dir:
       model_dir, index_dir, questions_file = FLAGS.model_dir, FLAGS.index_dir, FLAGS.questions
     else:
-      model_dir, index_dir, questions_file = make_synthetic(work)
+      model_dir, index_dir, questions_file = make_synthetic(work, FLAGS)
     questions = read_questions(FLAGS.questions or questions_file)
     setup = time.perf_counter() - start
-    latency, qa = measure_latency(model_dir, index_dir, questions)
-    steps, shapes = measure_steps(model_dir, index_dir, questions_file)
+    latency, qa = measure_latency(model_dir, index_dir, questions, FLAGS)
+    steps, shapes = measure_steps(model_dir, index_dir, questions_file, FLAGS)
   finally:
     if not FLAGS.work_dir:
       shutil.rmtree(work, ignore_errors=True)

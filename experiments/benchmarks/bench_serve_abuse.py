@@ -52,10 +52,8 @@ flags.DEFINE_integer("chunked_mib", 16, "Size of each chunked body, MiB (the lim
 
 FLAGS = flags.FLAGS
 # bench_serve_load's flags (--num_blocks, --requests: here in all, --max_seconds), with this
-# benchmark's defaults.
-FLAGS.set_default("num_blocks", 500)
-FLAGS.set_default("requests", 600)
-FLAGS.set_default("max_seconds", 60.0)
+# benchmark's defaults (main sets them; one given on the command line wins).
+DEFAULTS = (("num_blocks", 500), ("requests", 600), ("max_seconds", 60.0))
 TOKEN = "bench-abuse-token"
 LIMIT = 1 << 20  # realm-serve's body limit.
 
@@ -136,7 +134,7 @@ class _Clients:
       return -1
 
 
-def run_clients(clients: _Clients, questions, kinds=KINDS, seed: int = 0) -> None:
+def run_clients(values, clients: _Clients, questions, kinds=KINDS, seed: int = 0) -> None:
   """The ``kinds`` of clients together (two each for updates and questions), until their
   shares of the requests are sent or the deadline passes."""
   auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -154,7 +152,7 @@ def run_clients(clients: _Clients, questions, kinds=KINDS, seed: int = 0) -> Non
 
   def chunked():
     while clients.more("chunked"):
-      clients.record("chunked", clients.chunked("/answer", FLAGS.chunked_mib))
+      clients.record("chunked", clients.chunked("/answer", values.chunked_mib))
 
   def malformed_bodies():
     i = 0
@@ -247,18 +245,18 @@ def check_updates(clients: _Clients, index: str, blocks: str, before: int,
 
 
 def report(alone: _Clients, alone_seconds: float, clients: _Clients, seconds: float,
-           before: int, status: int, health, memory, problems: list) -> list:
+           before: int, status: int, health, memory, problems: list, values) -> list:
   """Prints the requests and statuses of each client, the updates and the server's peak memory
   (``memory``: MiB at start, warm, after the chunked bodies alone, at the end); returns
   ``problems`` and those found here. ``status``, ``health``: the last ``/healthz``'s answer
   (its JSON, or None), reported as it came when it is not a 200."""
   everything = collections.Counter(alone.statuses["chunked"])
-  print(f"\nrealm-serve, {FLAGS.num_blocks} blocks, 127.0.0.1; chunked bodies of "
-        f"{FLAGS.chunked_mib} MiB against its 1 MiB limit")
+  print(f"\nrealm-serve, {values.num_blocks} blocks, 127.0.0.1; chunked bodies of "
+        f"{values.chunked_mib} MiB against its 1 MiB limit")
   print(f"alone: {alone.sent['chunked']} chunked requests in {alone_seconds:.1f} s: "
         f"{dict(sorted(alone.statuses['chunked'].items()))}")
   print(f"together: {sum(clients.sent.values())} requests in {seconds:.1f} s (bounds: "
-        f"{FLAGS.requests} requests, {FLAGS.max_seconds:.0f} s)")
+        f"{values.requests} requests, {values.max_seconds:.0f} s)")
   print("| client | requests | statuses |")
   print("|---|---:|---|")
   for client in KINDS:
@@ -289,6 +287,8 @@ def report(alone: _Clients, alone_seconds: float, clients: _Clients, seconds: fl
 
 def main(argv):
   del argv
+  for name, value in DEFAULTS:
+    FLAGS.set_default(name, value)
   root = tempfile.mkdtemp(prefix="bench_serve_abuse_")
   try:
     model, index, blocks, questions = load.make_world(root, FLAGS.num_blocks)
@@ -306,11 +306,11 @@ def main(argv):
       before = clients.request("GET", "/healthz")[1]["num_blocks"]
       alone = _Clients(port, FLAGS.requests, FLAGS.max_seconds)  # The chunked bodies alone.
       start = time.time()
-      run_clients(alone, questions, kinds=("chunked",))
+      run_clients(FLAGS, alone, questions, kinds=("chunked",))
       alone_seconds, after_chunked = time.time() - start, _peak_rss_mib(server.pid)
       clients = _Clients(port, FLAGS.requests, FLAGS.max_seconds)  # Everything together.
       start = time.time()
-      run_clients(clients, questions)
+      run_clients(FLAGS, clients, questions)
       seconds = time.time() - start
       status, health = clients.request("GET", "/healthz")
       peak = _peak_rss_mib(server.pid)
@@ -318,7 +318,7 @@ def main(argv):
       if status == 200:
         problems += check_updates(clients, index, blocks, before, health)
     problems = report(alone, alone_seconds, clients, seconds, before, status, health,
-                      (started, warm, after_chunked, peak), problems)
+                      (started, warm, after_chunked, peak), problems, FLAGS)
   finally:
     shutil.rmtree(root, ignore_errors=True)
   if problems:

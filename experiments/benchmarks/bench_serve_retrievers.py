@@ -27,18 +27,20 @@ from experiments.benchmarks import bench_serve_load as load
 from realm_tf.binaries import cli
 
 # bench_serve_load's flags (--num_blocks, --concurrency, --requests: per retriever and
-# concurrency, --max_seconds: of one retriever at one concurrency), with defaults of this run.
+# concurrency, --max_seconds: of one retriever at one concurrency), with defaults of this run
+# (main sets them; one given on the command line wins).
 flags.DEFINE_list("retrievers", ["dense", "bm25", "hybrid"], "Retrievers compared.")
 flags.DEFINE_integer("round", 40, "Requests of one retriever before the next takes its turn.")
 
 FLAGS = flags.FLAGS
-for _name, _value in (("num_blocks", 10000), ("concurrency", ["1", "8"]), ("requests", 200),
-                      ("max_seconds", 60.0)):
-  FLAGS.set_default(_name, _value)
+DEFAULTS = (("num_blocks", 10000), ("concurrency", ["1", "8"]), ("requests", 200),
+            ("max_seconds", 60.0))
 
 
 def main(argv):
   del argv
+  for name, value in DEFAULTS:
+    FLAGS.set_default(name, value)
   root = tempfile.mkdtemp(prefix="bench_serve_retrievers_")
   try:
     model, index, _, questions = load.make_world(root, FLAGS.num_blocks)

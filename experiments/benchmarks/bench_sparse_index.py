@@ -73,13 +73,13 @@ def _texts(n: int, words_per_block: int, vocab_size: int, seed: int, chunk: int 
       yield " ".join(f"w{i}" for i in row)
 
 
-def build_one(n: int, path: str) -> dict:
+def build_one(n: int, path: str, values) -> dict:
   """Builds and saves the index of ``n`` blocks in ``path``: its build figures."""
   from realm_tf.retrieval import sparse_index  # pylint: disable=g-import-not-at-top
   text_bytes = [0]
 
   def counted():
-    for text in _texts(n, FLAGS.words_per_block, FLAGS.vocab_size, FLAGS.seed):
+    for text in _texts(n, values.words_per_block, values.vocab_size, values.seed):
       text_bytes[0] += len(text.encode())
       yield text
 
@@ -95,10 +95,10 @@ def build_one(n: int, path: str) -> dict:
               postings_per_block=sum(len(s.rows) for s in index.segments) / n)
 
 
-def load_one(n: int, path: str) -> dict:
+def load_one(n: int, path: str, values) -> dict:
   """Loads the saved index (a fresh process: no memory of the build) and times queries."""
   from realm_tf.retrieval import sparse_index  # pylint: disable=g-import-not-at-top
-  queries = list(_texts(FLAGS.num_queries, 8, FLAGS.vocab_size, FLAGS.seed + 1))
+  queries = list(_texts(values.num_queries, 8, values.vocab_size, values.seed + 1))
   anon = _status("RssAnon")
   loaded = sparse_index.SparseIndex.load(path)
   loaded.search(queries, 20)  # Warm-up: the postings the queries touch are read once.
@@ -112,12 +112,12 @@ def load_one(n: int, path: str) -> dict:
               p50_ms=float(np.percentile(ms, 50)), p95_ms=float(np.percentile(ms, 95)))
 
 
-def _child(step: str, n: str, path: str) -> dict:
+def _child(step: str, n: str, path: str, values) -> dict:
   proc = subprocess.run(
       [sys.executable, "-m", "experiments.benchmarks.bench_sparse_index", f"--child={step}",
-       f"--blocks={n}", f"--path={path}", f"--words_per_block={FLAGS.words_per_block}",
-       f"--vocab_size={FLAGS.vocab_size}", f"--num_queries={FLAGS.num_queries}",
-       f"--seed={FLAGS.seed}"],
+       f"--blocks={n}", f"--path={path}", f"--words_per_block={values.words_per_block}",
+       f"--vocab_size={values.vocab_size}", f"--num_queries={values.num_queries}",
+       f"--seed={values.seed}"],
       cwd=REPO, capture_output=True, text=True, check=False,
       env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"))
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
@@ -137,7 +137,7 @@ def main(argv):
     root = tempfile.mkdtemp(prefix="bench_sparse_")
     try:
       path = os.path.join(root, "sparse")
-      rows.append(dict(_child("build", n, path), **_child("load", n, path)))
+      rows.append(dict(_child("build", n, path, FLAGS), **_child("load", n, path, FLAGS)))
       print(f"{n}: {rows[-1]}", flush=True)
     finally:
       shutil.rmtree(root, ignore_errors=True)

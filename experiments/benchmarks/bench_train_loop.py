@@ -42,9 +42,9 @@ FLAGS = flags.FLAGS
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs", "realm_pretrain_cpu__demo.yaml")
 
 
-def prepare(work):
+def prepare(work, values):
   """World -> data -> a one-step ICT model dir -> its index (the retriever's start)."""
-  s = FLAGS.world_scale
+  s = values.world_scale
   world = synthetic_world.generate_world(
       seed=0, num_regions=round(6 * s), num_cities=round(30 * s), num_people=round(100 * s),
       num_organizations=round(24 * s), num_works=round(50 * s))
@@ -79,16 +79,16 @@ def task_overrides(vocab, n, dirs, ict_dir, index_dir):
           "task.refresh_index=false", f"task.retriever_init_checkpoint={ict_dir}"]
 
 
-def realm_params(vocab, n, dirs, ict_dir, index_dir, steps_per_loop):
+def realm_params(vocab, n, dirs, ict_dir, index_dir, steps_per_loop, values):
   every = steps_per_loop
   return configs.load_experiment("realm_pretrain_cpu", [CONFIG], ",".join(
       task_overrides(vocab, n, dirs, ict_dir, index_dir) + [
-          f"trainer.train_steps={FLAGS.steps}", f"trainer.steps_per_loop={every}",
-          f"trainer.summary_interval={every}", f"trainer.checkpoint_interval={FLAGS.steps}",
-          f"trainer.validation_interval={FLAGS.steps}"]))
+          f"trainer.train_steps={values.steps}", f"trainer.steps_per_loop={every}",
+          f"trainer.summary_interval={every}", f"trainer.checkpoint_interval={values.steps}",
+          f"trainer.validation_interval={values.steps}"]))
 
 
-def old_loop(params) -> float:
+def old_loop(params, values) -> float:
   """The earlier loop's pattern: one tf.function call and a host copy of every metric per
   step. Returns steps/s after the first ``steps_per_loop`` steps."""
   strategy = train_lib.get_strategy(params)
@@ -107,14 +107,14 @@ def old_loop(params) -> float:
     logs = strategy.run(lambda x: task.train_step(x, model, optimizer, metrics), args=(inputs,))
     return strategy.reduce("SUM", logs["loss"], axis=None)
 
-  warm = FLAGS.steps_per_loop
+  warm = values.steps_per_loop
   start = None
-  for i in range(FLAGS.steps):
+  for i in range(values.steps):
     if i == warm:
       start = time.time()
     loss = float(step(next(iterator)))
     _ = [float(m.result()) for m in metrics] + [loss]   # every metric, every step
-  return (FLAGS.steps - warm) / (time.time() - start)
+  return (values.steps - warm) / (time.time() - start)
 
 
 def orbit_loop(params, model_dir) -> float:
@@ -134,15 +134,15 @@ def orbit_loop(params, model_dir) -> float:
 def main(argv):
   del argv
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="bench_train_loop_")
-  vocab, n, dirs, ict_dir, index_dir = prepare(work)
+  vocab, n, dirs, ict_dir, index_dir = prepare(work, FLAGS)
   old_rates, new_rates = [], []
   for r in range(FLAGS.repeats):
-    old_rates.append(old_loop(realm_params(vocab, n, dirs, ict_dir, index_dir, 1)))
+    old_rates.append(old_loop(realm_params(vocab, n, dirs, ict_dir, index_dir, 1, FLAGS), FLAGS))
     print(f"run {r}: old loop   {old_rates[-1]:.2f} steps/s", flush=True)
     model_dir = os.path.join(work, f"orbit_{r}")
     shutil.rmtree(model_dir, ignore_errors=True)
     new_rates.append(orbit_loop(realm_params(vocab, n, dirs, ict_dir, index_dir,
-                                             FLAGS.steps_per_loop), model_dir))
+                                             FLAGS.steps_per_loop, FLAGS), model_dir))
     print(f"run {r}: orbit loop {new_rates[-1]:.2f} steps/s", flush=True)
   old, new = statistics.median(old_rates), statistics.median(new_rates)
   print(f"\nREALM training, realm_pretrain_cpu + demo YAML, {FLAGS.steps} steps per run, "

@@ -75,9 +75,9 @@ def timed(fn, args, steps):
   return statistics.median(times)
 
 
-def peak_gflops():
-  if FLAGS.peak_gflops:
-    return FLAGS.peak_gflops
+def peak_gflops(values):
+  if values.peak_gflops:
+    return values.peak_gflops
   a = tf.random.normal([2048, 2048])
   mm = tf.function(lambda x: tf.matmul(x, x))
   seconds = timed(mm, (a,), 10)
@@ -86,11 +86,14 @@ def peak_gflops():
 
 def main(argv):
   del argv
+  # This profile's defaults of bench_train_loop's flags (one given on the command line wins).
+  FLAGS.set_default("steps", 20)
+  FLAGS.set_default("world_scale", 1.0)
   work = FLAGS.work_dir or tempfile.mkdtemp(prefix="profile_realm_step_")
-  prepared = bench_train_loop.prepare(work)
+  prepared = bench_train_loop.prepare(work, FLAGS)
   n = prepared[1]   # the vocabulary's size
   base = bench_train_loop.task_overrides(*prepared) + ["task.model.num_candidates=16"]
-  params = bench_bf16.params_for(base, "float32", False, True)
+  params = bench_bf16.params_for(base, "float32", False, True, FLAGS)
   batches = bench_bf16.feature_batches(params, 4)
   batch = batches[0]
   b = int(batch["query_word_ids"].shape[0])
@@ -147,11 +150,11 @@ def main(argv):
   for label, dtype, xla in (("float32", "float32", False), ("float32, XLA", "float32", True),
                             ("bfloat16", "bfloat16", False), ("bfloat16, XLA", "bfloat16", True)):
     FLAGS.xla = xla
-    rate, _, _ = bench_bf16.time_steps(bench_bf16.params_for(base, dtype, False, True),
-                                       weights, batches)
+    rate, _, _ = bench_bf16.time_steps(bench_bf16.params_for(base, dtype, False, True, FLAGS),
+                                       weights, batches, FLAGS)
     step_rates[label] = rate
   step = 1 / step_rates["float32"]
-  peak = peak_gflops()
+  peak = peak_gflops(FLAGS)
   print(f"\nREALM train step profile: batch {b}, k={params.task.model.num_candidates}, "
         f"{masks} masks, vocab {n}, {os.cpu_count()} CPUs, median of {steps} calls; "
         f"float32 peak {peak:.0f} GFLOP/s (measured: 2048^2 matmul)")
@@ -170,6 +173,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  FLAGS.set_default("steps", 20)
-  FLAGS.set_default("world_scale", 1.0)
   cli.run_main(main)

@@ -35,6 +35,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+from typing import Container
 
 from absl import flags
 import tensorflow as tf
@@ -133,15 +134,16 @@ def asset_mismatch(asset_dir: str, vocab: str, settings: dict) -> str:
 
 
 def write_manifest(asset_dir: str, what: str, flag: str, settings: dict, vocab: str,
-                   files, metrics: dict) -> None:
-  """``asset_dir/MANIFEST.json``: what the asset is, the command that builds it, the commit,
+                   files, metrics: dict, flag_names: Container[str] = ()) -> None:
+  """``asset_dir/MANIFEST.json``: what the asset is, the command that builds it (``flag`` and
+  the ``settings`` that are flags, ``flag_names``: main passes its parsed flags), the commit,
   ``settings``, the vocabulary's sha256 and each of ``files``' (names in ``asset_dir``), and
   the start's last training logs."""
   commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(__file__), check=False).stdout.strip()
   manifest = dict(
       what=what, built_by=f"realm-demo {flag} " + " ".join(
-          f"--{k}={v}" for k, v in settings.items() if k in FLAGS),
+          f"--{k}={v}" for k, v in settings.items() if k in flag_names),
       commit=commit, settings=settings, vocab_sha256=assets.sha256(vocab),
       sha256={name: assets.sha256(os.path.join(asset_dir, name)) for name in files},
       metrics={k: round(float(v), 4) for k, v in metrics.items()})
@@ -157,7 +159,7 @@ def model_variables(path: str, prefixes) -> dict:
 
 
 def write_reader_asset(reader_dir: str, vocab: str, metrics: dict, asset_dir: str,
-                       settings: dict) -> None:
+                       settings: dict, flag_names: Container[str] = ()) -> None:
   """The reader of ``reader_dir``'s newest checkpoint alone (no optimizer slots), as the
   checkpoint ``asset_dir/reader``, with its ``MANIFEST.json`` (``write_manifest``)."""
   source = model_dir_lib.latest_checkpoint(reader_dir)
@@ -170,10 +172,11 @@ def write_reader_asset(reader_dir: str, vocab: str, metrics: dict, asset_dir: st
     raise RuntimeError(f"the asset's reader variables differ from {source}'s")
   write_manifest(asset_dir, "realm-demo's reader start (reading warm start + distractor "
                  "fine-tuning)", "--build_reader_asset", settings, vocab,
-                 ("reader.index", "reader.data-00000-of-00001"), metrics)
+                 ("reader.index", "reader.data-00000-of-00001"), metrics, flag_names)
 
 
-def write_ict_asset(ict_dir: str, metrics: dict, asset_dir: str, settings: dict) -> None:
+def write_ict_asset(ict_dir: str, metrics: dict, asset_dir: str, settings: dict,
+                    flag_names: Container[str] = ()) -> None:
   """The ICT towers of ``ict_dir``'s newest checkpoint (no optimizer slots) as a model
   directory of their own in ``asset_dir`` (its config, vocabulary and one checkpoint), with
   its ``MANIFEST.json`` (``write_manifest``)."""
@@ -195,7 +198,7 @@ def write_ict_asset(ict_dir: str, metrics: dict, asset_dir: str, settings: dict)
   files = sorted(os.listdir(asset_dir))
   write_manifest(asset_dir, "realm-demo's ICT start (the retriever's warm start)",
                  "--build_ict_asset", settings, os.path.join(ict_dir, model_dir_lib.VOCAB_NAME),
-                 files, metrics)
+                 files, metrics, flag_names)
 
 
 def reader_start(clock, out: str, vocab: str, world_seed: int, recipe: stages.Recipe,
@@ -291,7 +294,7 @@ def print_tables(rows: dict, qa_rows: dict, openqa_steps: int, retrievers: dict)
 
 def main(argv):
   del argv
-  recipe, seed = recipe_flags.recipe(), FLAGS.seed
+  recipe, seed = recipe_flags.recipe(FLAGS), FLAGS.seed
   clock = Clock("demo", FLAGS.progress_seconds)
   out = os.path.abspath(FLAGS.output_dir)
   tf.io.gfile.makedirs(out)
@@ -310,7 +313,7 @@ def main(argv):
                                             FLAGS.reader_asset_dir if use_asset else "")
   if FLAGS.build_reader_asset:
     write_reader_asset(reader_dir, vocab, reader_metrics, FLAGS.reader_asset_dir,
-                       reader_settings(seed, recipe))
+                       reader_settings(seed, recipe), FLAGS)
     clock.say(f"reader asset written to {FLAGS.reader_asset_dir}; {clock.summary()}")
     return
   use_asset = FLAGS.ict_start == "asset" and not FLAGS.build_ict_asset
@@ -318,7 +321,7 @@ def main(argv):
                                    FLAGS.ict_asset_dir if use_asset else "", reader_dir)
   if FLAGS.build_ict_asset:
     write_ict_asset(ict_dir, ict_metrics, FLAGS.ict_asset_dir,
-                    ict_settings(seed, recipe, reader_dir))
+                    ict_settings(seed, recipe, reader_dir), FLAGS)
     clock.say(f"ICT asset written to {FLAGS.ict_asset_dir}; {clock.summary()}")
     return
 

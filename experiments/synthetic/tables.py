@@ -5,13 +5,14 @@ r"""realm-tables: the paper's Tables 1-3 (Guu et al. 2020) at CPU scale, built a
   python -m experiments.synthetic.tables --render       # the tables from the committed seed files
   python -m experiments.synthetic.tables --scale=paper  # prints the paper-scale command sequence
 
-(``python -m experiments.tables ...``, the old name, still runs this.) A seed
-(``table_seed.py``) runs the demo's pipeline on one shared synthetic world, the demo's (``--world_seed``, ``--world_scale``): its own warm starts (the reading reader that
-stands in for BERT, ICT), five REALM pre-training runs beside their refreshers (salient spans
-refreshed; the 30x staler index; random spans; uniform masks; salient spans of the world's news,
-X != Z), and eight Open-QA fine-tunes, then writes one small results file. ``--render`` reads
-every ``seed*.json`` of ``--results_dir`` and refuses to mix seeds whose code or config
-fingerprints differ (saying which seeds and which settings).
+(``python -m experiments.tables ...``, the old name, still runs this.) A seed (``table_seed.py``)
+runs the demo's pipeline on one shared synthetic world, the demo's (``--world_seed``,
+``--world_scale``): its own warm starts (the reading reader that stands in for BERT, ICT), five
+REALM pre-training runs beside their refreshers (salient spans refreshed; the 30x staler index;
+random spans; uniform masks; salient spans of the world's news, X != Z), and eight Open-QA
+fine-tunes, then writes one small results file. ``--render`` reads every ``seed*.json`` of
+``--results_dir`` and refuses to mix seeds whose code or config fingerprints differ (saying which
+seeds and which settings).
 
 * **Table 1**: Open-QA EM on the test questions of the ORQA baseline (ICT retriever + "BERT"
   reader, fine-tuned) and of REALM pre-trained on the encyclopedia itself (X = Z) and on the
@@ -70,21 +71,25 @@ flags.DEFINE_bool("check_news", False, "Prepare the world (under --output_dir) a
                   "model-free check of the news against X = Z (data_prep.useful_examples).")
 flags.DEFINE_float("lr_retriever", 1.0, "task.lr_retriever of every REALM run.")
 
-def table_settings() -> table_seed.TableSettings:
-  """The tables' own settings, from this module's flags."""
-  return table_seed.TableSettings(**{f.name: FLAGS[f.name].value
+def table_settings(values: flags.FlagValues) -> table_seed.TableSettings:
+  """The tables' own settings, from this module's flags as parsed (``values``: main's FLAGS)."""
+  return table_seed.TableSettings(**{f.name: values[f.name].value
                                      for f in dataclasses.fields(table_seed.TableSettings)})
 
 
 def main(argv):
   del argv
+  # The demo's knobs are the tables' too (the demo's world and REALM steps: NOTES section 17);
+  # --seed is the seed of this run, not of the world (--world_seed). Only the default output
+  # directory differs (a flag given on the command line keeps its value).
+  FLAGS.set_default("output_dir", "tables_out")
   if FLAGS.scale == "paper":
     report.paper_scale()
     return
   tables = sorted(set(FLAGS.table))
   if not set(tables) <= {"1", "2", "3"}:
     raise app.UsageError(f"--table takes 1, 2 and/or 3, got {FLAGS.table}")
-  recipe, table = recipe_flags.recipe(), table_settings()
+  recipe, table = recipe_flags.recipe(FLAGS), table_settings(FLAGS)
   clock = Clock("tables", FLAGS.progress_seconds)
   if FLAGS.check_news:
     data = table_seed.prepare(clock, os.path.abspath(FLAGS.output_dir), table, recipe)
@@ -103,9 +108,6 @@ def main(argv):
 
 
 def run():
-  # The demo's knobs are the tables' too (the demo's world and REALM steps: NOTES section 17);
-  # --seed is the seed of this run, not of the world (--world_seed).
-  FLAGS.set_default("output_dir", "tables_out")
   cli.run_main(main)
 
 
