@@ -300,8 +300,8 @@ def test_page_in_a_headless_browser(trained, tmp_path):
     ranks = [f"{name} #{hybrid[0]['evidence'][f'{name}_rank'] + 1}"
              for name in ("dense", "bm25") if hybrid[0]["evidence"][f"{name}_rank"] >= 0]
     assert f"found by {', '.join(ranks)}" in best.text
-    # Kept in $REALM_TF_SCREENSHOT_DIR when that is set (experiments/results/serve_page.png
-    # was made so), else in the test's temporary directory.
+    # Kept in $REALM_TF_SCREENSHOT_DIR when that is set (experiments/results/synthetic/
+    # serve_page.png was made so), else in the test's temporary directory.
     screenshot = os.path.join(os.environ.get("REALM_TF_SCREENSHOT_DIR") or str(tmp_path),
                               "serve_page.png")
     assert driver.save_screenshot(screenshot) and os.path.getsize(screenshot) > 10_000

@@ -144,7 +144,7 @@ def test_the_committed_tables_render_from_the_committed_seed_files(tmp_path):
   assert seeds and len({s["fingerprints"]["code"] for s in seeds.values()}) == 1
   report.render(str(tmp_path), seeds, ["1", "2", "3"], "experiments/results/tables")
   for name in ("table1.md", "table1.csv", "table2.md", "table2.csv", "table3.md", "table3.csv"):
-    with open(os.path.join(tables.RESULTS, name)) as f:
+    with open(os.path.join(tables.RESULTS, "synthetic", name)) as f:
       assert (tmp_path / name).read_text() == f.read(), name
 
 

@@ -48,7 +48,7 @@ if [ ! -e "$CHECK" ]; then
   mv "$CHECK.tmp" "$CHECK"
 fi
 
-RUNS=$MAIN/experiments/results/real_text_realm_runs
+RUNS=$MAIN/experiments/results/real_text/real_text_realm_runs
 for step in ${STEPS:-z1 z2 z3 o1 o2 o3}; do
   s=${step#?}
   case $step in

@@ -30,7 +30,7 @@ from experiments.real_text import text_stages as ts
 from experiments.real_text.merge import read_csv
 from realm_tf.data import manifests
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "real_text")
 # Committed column -> the rebuilt stage's saved top blocks (``report.retrieval_rows``).
 RETRIEVERS = {"bm25": "bm25/top_ids.npy", "minilm": "minilm/realm_top_ids.npy",
               "minilm_mean": "minilm/mean_top_ids.npy", "ict": "ict/top_ids.npy",

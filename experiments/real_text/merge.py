@@ -3,12 +3,12 @@
     python -m experiments.real_text.merge REBUILT_OUT SEED[,SEED...] [NEW_RESULTS]
         [--rows=zero_shot|openqa]   (default: both)
 
-NOTES 37: issue 53's test directory was lost with its machine after REALM test seed 0 had run.
-Seed 0 keeps its committed zero-shot records; seeds 1-3 run from a rebuild of the start at
-fc79c9e into REBUILT_OUT (``experiments.real_text.main --output_dir=REBUILT_OUT``). This adds
-each new seed's per-question columns and table rows (from ``REBUILT_OUT/results``, or NEW_RESULTS: a
-copy of it kept from the run that wrote them) and run records (``REBUILT_OUT/work``'s done files)
-to ``experiments/results/``, keeping every committed record as it is (the comparators are the
+NOTES 37: issue 53's test directory was lost with its machine after REALM test seed 0 had run. Seed
+0 keeps its committed zero-shot records; seeds 1-3 run from a rebuild of the start at fc79c9e into
+REBUILT_OUT (``experiments.real_text.main --output_dir=REBUILT_OUT``). This adds each new seed's
+per-question columns and table rows (from ``REBUILT_OUT/results``, or NEW_RESULTS: a copy of it kept
+from the run that wrote them) and run records (``REBUILT_OUT/work``'s done files) to
+``experiments/results/real_text/``, keeping every committed record as it is (the comparators are the
 committed ICT, BM25 and ORQA records), and rewrites ``real_text_realm.md``'s seed table, plot and
 pre-registered analysis over every seed merged so far (``text_realm.runs_from_records``: a seed
 without Open-QA columns counts in the zero-shot comparisons only).
@@ -31,7 +31,7 @@ from experiments.pipeline.common import read_json
 from experiments.real_text import report
 from experiments.real_text import text_realm
 
-RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "real_text")
 RUNS = "real_text_realm_runs"
 # The seeds of NOTES 37's rule: the analysis is computed once all of them are merged.
 PRE_REGISTERED = (0, 1, 2, 3)
