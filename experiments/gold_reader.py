@@ -1,4 +1,4 @@
-"""Moved to ``experiments.real_text.gold_reader``; this old name keeps scripts and old installs working."""
+"""Moved (experiments/README.md); this old name keeps old scripts and installs working."""
 from experiments import moved
 
 run = moved.shim("experiments.gold_reader", "experiments.real_text.gold_reader")

@@ -1,4 +1,4 @@
-"""Moved to ``experiments.real_text.merge``; this old name keeps scripts and old installs working."""
+"""Moved (experiments/README.md); this old name keeps old scripts and installs working."""
 from experiments import moved
 
 run = moved.shim("experiments.real_text_merge", "experiments.real_text.merge")

@@ -1,4 +1,4 @@
-"""Moved to ``experiments.synthetic.tables``; this old name keeps scripts and old installs working."""
+"""Moved (experiments/README.md); this old name keeps old scripts and installs working."""
 from experiments import moved
 
 run = moved.shim("experiments.tables", "experiments.synthetic.tables")

@@ -2,10 +2,10 @@ r"""The stages of every experiment driver, and the scheduler that runs them.
 
 ``experiments/synthetic/demo.py``, ``experiments/synthetic/table_seed.py`` and
 ``experiments/real_text/main.py`` are short sequences of the stages here and in
-``experiments/real_text/text_stages.py`` (real text's data, retrieval and evaluation). A stage is a function of its arguments: a typed recipe
-(:class:`Recipe`, ``text_stages.Budget``) and paths; only a driver's ``main`` reads flags. A
-stage's output directory is decided by its caller; each skips what an earlier run into the same
-directory finished (``TRAINING_DONE``, a published index).
+``experiments/real_text/text_stages.py`` (real text's data, retrieval and evaluation). A stage is a
+function of its arguments: a typed recipe (:class:`Recipe`, ``text_stages.Budget``) and paths; only
+a driver's ``main`` reads flags. A stage's output directory is decided by its caller; each skips
+what an earlier run into the same directory finished (``TRAINING_DONE``, a published index).
 
 * data: :func:`make_world`, :func:`prepare_reading_worlds`, :func:`reading_corpora`;
 * training in this process (:func:`train`): the warm starts (:func:`reader_stages`,

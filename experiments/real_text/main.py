@@ -61,9 +61,10 @@ Stages, each skipped when its output exists (delete a stage's directory to redo 
 The stages live in ``text_stages.py`` and ``text_realm.py`` beside this file (and the shared
 ``experiments/pipeline/stages.py``: training, configs, the frozen index); this driver reads the
 flags and runs the stages in order, then ``report.py`` writes the tables. (``python -m
-experiments.real_text``, the old command, still runs this.) The trained stages' sizes are ``text_stages.Budget``'s (flags ``--ict_*``,
-``--openqa_*``, ...): ORQA's recipe cut to fit about 100 minutes on 2 cores
-(experiments/NOTES.md section 18); REALM's are ``text_realm.RealmBudget``'s (section 30).
+experiments.real_text``, the old command, still runs this.) The trained stages' sizes are
+``text_stages.Budget``'s (flags ``--ict_*``, ``--openqa_*``, ...): ORQA's recipe cut to fit about
+100 minutes on 2 cores (experiments/NOTES.md section 18); REALM's are ``text_realm.RealmBudget``'s
+(section 30).
 """
 
 import dataclasses
@@ -284,8 +285,8 @@ def define_flags() -> None:
   flags.DEFINE_bool("ict", True, "Also run the ICT stages (examples, training, retrieval).")
   flags.DEFINE_bool("openqa", True, "Also run the Open-QA stages (fine-tuning, test EM).")
   flags.DEFINE_list("realm_seeds", [], "REALM pre-training seeds (experiments/real_text/"
-                    "text_realm.py): each a REALM run from the ICT tower beside its refresher, and its tower's "
-                    "recall (empty: no REALM stage).")
+                    "text_realm.py): each a REALM run from the ICT tower beside its refresher, "
+                    "and its tower's recall (empty: no REALM stage).")
   flags.DEFINE_bool("realm_test", True, "Score each REALM tower on the test questions (dev "
                     "runs pass --norealm_test: their choices see no test number).")
   defaults = dict(dataclasses.asdict(Budget()), **dataclasses.asdict(RealmBudget()))
