@@ -86,7 +86,7 @@ from experiments.common import read_json
 from experiments.common import write_json
 from realm_tf.binaries import cli
 from realm_tf.data import manifests
-from realm_tf.retrieval import hybrid
+from realm_tf.retrieval.sparse import hybrid
 
 FLAGS = flags.FLAGS
 
@@ -271,7 +271,7 @@ def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[D
   row = next(r for r in rows if r["key"] == "hybrid")
   lines = [
       "# Hybrid retrieval on real text: BM25 and the ICT tower fused", "",
-      f"Rule (`realm_tf/retrieval/hybrid.py`, recorded in each index's manifest): "
+      f"Rule (`realm_tf/retrieval/sparse/hybrid.py`, recorded in each index's manifest): "
       f"{fusion['rule']}, BM25 weight {fusion['bm25_weight']}, over each retriever's top "
       f"{fusion['depth']}. Chosen on the {h['dev_questions']} dev questions (recall@k; the "
       "test questions were scored once, with the chosen rule):", "",

@@ -55,10 +55,10 @@ from realm_tf import train_lib
 from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import inputs
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.sparse import hybrid
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -514,7 +514,7 @@ def build_index(model_dir: str, blocks_dir: str, index_dir: str, embeddings=None
 
 def retriever_recall(tower_dir: str, index_dir: str, blocks_dir: str, qa_file: str,
                      k: int = 5) -> Dict[str, float]:
-  """Zero-shot recall@k of each retriever a user can choose (``retrieval.hybrid``: dense,
+  """Zero-shot recall@k of each retriever a user can choose (``retrieval.sparse.hybrid``: dense,
   bm25, hybrid) on ``qa_file``'s questions: a top-k block body holds an answer (ORQA's
   HasAnswer), over the index ``index_dir`` publishes (its BM25 part for bm25 and hybrid), the
   questions embedded by ``tower_dir``'s query tower."""

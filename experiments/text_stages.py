@@ -42,11 +42,11 @@ from realm_tf.data import qa
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import brute_force
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.index import brute_force
+from realm_tf.retrieval.sparse import hybrid
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import sparse_index
 
 TOP_K = (1, 5, 20)
 LEARNING_RATE = "trainer.optimizer_config.learning_rate.polynomial"
@@ -435,7 +435,7 @@ HYBRID_WEIGHTS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)   # BM25 weights of the dev tabl
 
 
 def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
-  """The hybrid retriever's recall (``retrieval.hybrid``: BM25's and the ICT tower's top 20
+  """The hybrid retriever's recall (``retrieval.sparse.hybrid``: BM25's and the ICT tower's top 20
   fused by the library's rule, ``hybrid.FUSION``) on the test questions, into ``hybrid/``;
   with the dev questions' table of BM25 weights that chose the rule (experiments/NOTES.md,
   section 31). The ICT lists are the ICT row's (checked), from its index's embeddings."""

@@ -50,9 +50,9 @@ from realm_tf import modeling
 from realm_tf import tokenization
 from realm_tf.data import block_store
 from realm_tf.modeling import encoders
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
 
 MANIFEST_NAME = "EXPORT.json"
 READER = "reader"

@@ -196,7 +196,7 @@ def mark_training_done(model_dir: str, step: Optional[int] = None) -> None:
 def write_block_tower(model_dir: str, record: Dict) -> None:
   """Writes ``model_dir/block_tower.json``: which block tower embedded the index the model's
   query tower was fine-tuned against. ``record``: ``{"fingerprint": <the index's
-  retrieval.handle.block_tower_id>, "index": <its directory's name>}``, or ``{"own": True}``
+  publication.handle.block_tower_id>, "index": <its directory's name>}``, or ``{"own": True}``
   for a model that trains its own block tower (an index of the served checkpoint's tower is
   the right one)."""
   tf.io.gfile.makedirs(model_dir)

@@ -1,5 +1,5 @@
-"""One retriever choice (retrieval/hybrid.py): reciprocal-rank fusion, BM25 beams, the checks,
-and the Open-QA builder's beams over a published index with its BM25 part."""
+"""One retriever choice (retrieval/sparse/hybrid.py): reciprocal-rank fusion, BM25 beams, the
+checks, and the Open-QA builder's beams over a published index with its BM25 part."""
 
 import numpy as np
 import pytest
@@ -10,9 +10,9 @@ from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.openqa import report
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.sparse import hybrid
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
 
 from test_realm_index_updates import _setup
 

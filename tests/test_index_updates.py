@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
 
 
 def _clustered(n, d, rng, num_clusters=50):
@@ -244,8 +244,8 @@ def test_a_planted_pickle_stops_the_index_handle_with_the_rebuild_message(tmp_pa
   ``realm-serve`` and the trainer open) with the message naming the file and the rebuild, not
   retried until "no index appeared ... start the refresher"."""
   import pickle  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import handle as handle_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
   index_dir = str(tmp_path / "indexes")
   with publish.lock(index_dir):
     path = publish.publish(mips_index.ScannIndex.build(_clustered(600, 16,

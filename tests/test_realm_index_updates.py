@@ -20,15 +20,15 @@ from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import manifests
-from realm_tf.retrieval import corpus_embedding
+from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import sharded_index
-from realm_tf.retrieval import sparse_index
-from realm_tf.retrieval import testing
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.sparse import sparse_index
+from realm_tf.retrieval.publication import testing
+from realm_tf.retrieval.publication import updates
 from test_sparse_index import check_against_fresh_bm25s
 
 import helpers

@@ -15,11 +15,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.retrieval import corpus_embedding
+from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_BLOCKS = 200

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
 
 
 def _random(n, d, seed=0):
@@ -262,8 +262,8 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
   def test_handle_serves_memory_mapped_embeddings(self):
     """IndexHandle: no float32 copy resident in either index around a swap; embeddings() is a
     read-only memory map of the current index's file."""
-    from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
-    from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval.publication import handle as handle_lib  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
     index_dir = os.path.join(self.dir, "index")
     first, second = _random(3000, 16, seed=5), _random(3000, 16, seed=6)
     publish.publish(mips_index.ScannIndex.build(first), index_dir, 1)

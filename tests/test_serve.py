@@ -21,11 +21,11 @@ from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.openqa import predict
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
+from realm_tf.retrieval.publication import updates
 from realm_tf.serving import app as app_lib
 from realm_tf.serving import service as service_lib
 

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sharded_index
-from realm_tf.retrieval.handle import IndexHandle
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.publication.handle import IndexHandle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,7 +190,7 @@ def test_a_shard_that_does_not_tile_is_refused(tmp_path):
 _CHILD = r"""
 import json, sys, threading, time
 import numpy as np
-from realm_tf.retrieval import mips_index, sharded_index
+from realm_tf.retrieval.index import mips_index, sharded_index
 sharded_index.MIN_ROWS_PER_SHARD = 1000
 path, budget = sys.argv[1], float(sys.argv[2])
 table = np.load(path, mmap_mode="r")

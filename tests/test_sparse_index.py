@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.sparse import sparse_index
 
 WORDS = ("paris france capital river seine tower the of and is city bridge louvre museum art "
          "king queen war peace treaty year").split()
@@ -119,7 +119,7 @@ def test_a_dense_index_carries_its_sparse_part_through_updates_and_publication(t
   manifest's summary; load_index reads it back, and refuses a sparse part of other rows."""
   # pylint: disable=g-import-not-at-top
   import shutil
-  from realm_tf.retrieval import mips_index
+  from realm_tf.retrieval.index import mips_index
   # pylint: enable=g-import-not-at-top
   rng = np.random.default_rng(4)
   corpus = texts(rng, 12)

@@ -27,11 +27,11 @@ from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import updates
 
 from test_realm_index_updates import ENV
 from test_realm_index_updates import REPO

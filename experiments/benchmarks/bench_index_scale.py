@@ -60,9 +60,9 @@ from absl import flags
 import numpy as np
 
 from realm_tf.binaries import cli
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import sharded_index
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import sharded_index
 
 flags.DEFINE_list("num_vectors", ["100000"], "Corpus sizes (1e6 and 4e6 for the full run).")
 flags.DEFINE_integer("dim", 128, "Embedding dimension.")

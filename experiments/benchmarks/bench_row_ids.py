@@ -21,8 +21,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import scann_index
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import scann_index
 
 flags.DEFINE_integer("num_blocks", 13_300_000, "Points in the searcher.")
 flags.DEFINE_integer("dim", 4, "Their dimension (small: the ids are what is measured).")

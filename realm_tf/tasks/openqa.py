@@ -67,8 +67,8 @@ from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import hybrid
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.sparse import hybrid
 from realm_tf.tasks import base
 
 PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")

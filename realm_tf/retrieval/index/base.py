@@ -20,8 +20,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.sparse import hybrid
+from realm_tf.retrieval.sparse import sparse_index
 
 MANIFEST_NAME = "manifest.json"
 EMBEDDINGS_NAME = "embeddings.npy"

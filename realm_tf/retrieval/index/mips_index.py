@@ -2,12 +2,12 @@
 
 The public face of the indexes; the parts live in
 
-* ``index_base``: the ``MipsIndex`` interface (``search``, ``append``, ``delete``, ``save``),
+* ``base``: the ``MipsIndex`` interface (``search``, ``append``, ``delete``, ``save``),
   the artifacts' names, ``read_manifest``, ``RowTable``;
 * ``brute_force``: ``BruteForceIndex``, exact;
-* ``scann_settings``: ``ScannSettings``, ScaNN's settings by corpus size;
+* ``realm_tf.scann_settings``: ``ScannSettings``, ScaNN's settings by corpus size;
 * ``scann_index``: ``ScannIndex``, the only module that imports ``scann``;
-* ``index_tuning``: recall against exact search and the build-time tuning;
+* ``tuning``: recall against exact search and the build-time tuning;
 * ``sharded_index``: ``ShardedIndex``, ScaNN in shards for corpora whose build would exceed
   ``ScannSettings.build_memory_gib``.
 
@@ -43,15 +43,15 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval import sharded_index
-from realm_tf.retrieval.brute_force import BruteForceIndex
-from realm_tf.retrieval.index_base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.index.brute_force import BruteForceIndex
+from realm_tf.retrieval.index.base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
                                            MANIFEST_NAME, MipsIndex, RowTable, read_manifest)
-from realm_tf.retrieval.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
-from realm_tf.retrieval.scann_settings import ScannSettings
-from realm_tf.retrieval.sharded_index import ShardedIndex
+from realm_tf.retrieval.index.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
+from realm_tf.scann_settings import ScannSettings
+from realm_tf.retrieval.index.sharded_index import ShardedIndex
 
 __all__ = ["BruteForceIndex", "DELETED_NAME", "EMBEDDINGS_NAME", "FORMAT", "MANIFEST_NAME",
            "MipsIndex", "RowTable", "SCANN_DIR", "ScannIndex", "ScannSettings", "ShardedIndex",

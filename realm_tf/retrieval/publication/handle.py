@@ -35,8 +35,8 @@ from absl import logging
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
 
 # Errors that mean "this index will never fit": raised to the caller, not retried (a refused
 # pickle too: its message names the file and the rebuild, where a retry would end in "no index

@@ -62,9 +62,9 @@ from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
 
 # Manifest entries of a build that describe its index, not the update made on top of it.
 _PER_INDEX = ("format", "index_type", "num_blocks", "num_deleted", "dim", "settings",

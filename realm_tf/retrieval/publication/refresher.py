@@ -43,12 +43,12 @@ from realm_tf import modeling
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
-from realm_tf.retrieval import corpus_embedding
+from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import sparse_index
 
 RECALL_K = 10
 

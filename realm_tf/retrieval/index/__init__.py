@@ -1,0 +1,14 @@
+"""The dense MIPS index: block embeddings searched by inner product (ScaNN or exact).
+
+* ``mips_index``: the entry points, ``build_index``, ``load_index``, ``check_manifest``,
+  ``measure_recall``, and the index types;
+* ``base``: the ``MipsIndex`` interface (``search``, ``append``, ``delete``, ``save``), the
+  artifacts' names, ``read_manifest``, ``RowTable``;
+* ``brute_force``: ``BruteForceIndex``, exact;
+* ``scann_index``: ``ScannIndex``, the only module that imports ``scann``;
+* ``tuning``: recall against exact search and the build-time tuning;
+* ``sharded_index``: ``ShardedIndex``, ScaNN in shards.
+
+ScaNN's settings are ``realm_tf.scann_settings``' (``realm_tf.configs`` imports them without
+importing this package).
+"""
