@@ -71,8 +71,8 @@ from realm_tf import configs
 from realm_tf.binaries import cli
 from realm_tf.data import block_store
 from realm_tf.modeling import factory
-from realm_tf.tasks import candidates
 from realm_tf.retrieval.index import mips_index
+from realm_tf.tasks import candidates
 from realm_tf.tasks import realm_pretrain
 
 PAPER_NUM_BLOCKS = 13_353_718   # Guu et al. 2020, section 4 / appendix (enwiki-20181220)

@@ -55,10 +55,10 @@ from realm_tf import train_lib
 from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import inputs
-from realm_tf.retrieval.sparse import hybrid
-from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
 from realm_tf.retrieval.publication import publish
 from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.sparse import hybrid
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
@@ -520,7 +520,7 @@ def retriever_recall(tower_dir: str, index_dir: str, blocks_dir: str, qa_file: s
   questions embedded by ``tower_dir``'s query tower."""
   records, _ = qa_lib.read_qa(qa_file)
   bodies = [b["body"] for b in manifests.read_blocks(blocks_dir)]
-  index = mips_index.load_index(publish.read_latest(index_dir))
+  index = index_io.load_index(publish.read_latest(index_dir))
   questions = [r.question for r in records]
   embeddings = embedder_api.Embedder.load(tower_dir).embed_queries(questions)
   out = {}

@@ -43,9 +43,9 @@ from realm_tf.openqa import evaluation
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval.index import brute_force
-from realm_tf.retrieval.sparse import hybrid
-from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
 from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import hybrid
 from realm_tf.retrieval.sparse import sparse_index
 
 TOP_K = (1, 5, 20)
@@ -444,7 +444,7 @@ def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
   bodies = [b["body"] for b in blocks]
   texts = [sparse_index.block_text(b["title"], b["body"]) for b in blocks]
   index_dir = os.path.join(work, "ict_index")
-  index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
+  index = index_io.load_index(publish.read_latest(index_dir), load_embeddings=True)
   dense = brute_force.BruteForceIndex(np.asarray(index.embeddings[np.arange(len(blocks))]))
   tower = TowerPass(os.path.join(work, "ict_model"))
   length = model_dir_lib.load_config(
@@ -719,7 +719,7 @@ def sparse_index_dir(work: str) -> str:
   the same embeddings published again with one (the run's ICT index may predate the indexes'
   BM25 parts)."""
   index_dir = os.path.join(work, "ict_index")
-  index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
+  index = index_io.load_index(publish.read_latest(index_dir), load_embeddings=True)
   if index.sparse is None:
     index_dir = os.path.join(work, "ict_index_sparse")
     if publish.read_latest(index_dir) is None:

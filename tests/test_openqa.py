@@ -28,6 +28,7 @@ from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict as predict_lib
 from realm_tf.retrieval import errors
 from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
 from realm_tf.retrieval.publication import refresher
 from realm_tf.retrieval.publication import testing
 from realm_tf.tasks import openqa as openqa_task
@@ -678,7 +679,7 @@ def test_fine_tuning_reads_the_beam_of_its_retriever(trained):
   from realm_tf.retrieval.sparse import hybrid  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
   t = trained
-  index = mips_index.load_index(publish.read_latest(t["index_dir"]))
+  index = index_io.load_index(publish.read_latest(t["index_dir"]))
   questions = inputs_lib.load_questions(t["files"]["qa_train"])
   for retriever in ("hybrid", "bm25"):
     task = openqa_task.OpenQaTask(t["params"].task.replace(retriever=retriever))
@@ -742,7 +743,7 @@ def test_the_server_pins_the_block_tower_the_model_was_fine_tuned_against(traine
   assert tower and tower == manifest["block_tower"]["fingerprint"]
   assert model_dir_lib.read_block_tower(t["model_dir"]) == {
       "fingerprint": tower, "index": os.path.basename(path)}
-  index = mips_index.load_index(path)
+  index = index_io.load_index(path)
   other = dict(manifest, block_tower=dict(manifest["block_tower"], fingerprint="0" * 40))
   index_dir = str(tmp_path / "served")
   with publish.lock(index_dir):

@@ -44,8 +44,9 @@ import spacy  # pylint: disable=unused-import  # Imported: the cold update exclu
 
 from realm_tf.binaries import cli
 from realm_tf.data import block_store
-from realm_tf.retrieval.index import tuning as index_tuning
 from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.publication import index_io
 from realm_tf.retrieval.publication import publish
 from realm_tf.retrieval.publication import refresher
 from realm_tf.retrieval.publication import testing
@@ -111,7 +112,7 @@ def main(argv):
   start = time.time()
   warm = updater.upsert(updates.read_documents(second))
   warm_seconds = time.time() - start
-  updated = mips_index.load_index(warm.index)
+  updated = index_io.load_index(warm.index)
   print(f"update (cold) {len(cold.added)} blocks: {cold_seconds:.2f} s {cold.seconds}")
   print(f"update (warm) {len(warm.added)} blocks: {warm_seconds:.2f} s {warm.seconds}; "
         f"maintenance: {warm.maintenance}", flush=True)
@@ -121,7 +122,7 @@ def main(argv):
   build = refresher.Refresher(model, blocks, index, options)
   rebuilt_path = build.build(refresher.find_checkpoint(model))
   rebuild_seconds = time.time() - start
-  rebuilt = mips_index.load_index(rebuilt_path, load_embeddings=True)
+  rebuilt = index_io.load_index(rebuilt_path, load_embeddings=True)
   table = np.asarray(rebuilt.embeddings)
   live = np.setdiff1d(np.arange(len(table)), rebuilt.deleted)
   queries = build.sample_queries(FLAGS.queries)

@@ -47,8 +47,8 @@ from realm_tf.binaries import index_flags
 from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.data import released
-from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
+from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval.publication import publish
 from realm_tf.retrieval.publication import refresher
 from realm_tf.retrieval.publication import search as search_lib

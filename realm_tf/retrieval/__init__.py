@@ -1,13 +1,15 @@
 """The retrieval side of REALM: MIPS indexes, BM25, publishing and refreshing.
 
 * ``index/``: the dense MIPS index: ``MipsIndex`` with ``ScannIndex``, ``BruteForceIndex`` and
-  ``ShardedIndex``, ``build_index``, ``load_index`` (``index.mips_index``; the parts:
-  ``index.base``, ``index.brute_force``, ``index.scann_index``, ``index.tuning``,
-  ``index.sharded_index``).
+  ``ShardedIndex``, ``build_index`` (``index.mips_index``; the parts: ``index.base``,
+  ``index.brute_force``, ``index.scann_index``, ``index.tuning``, ``index.sharded_index``).
+  It knows nothing of BM25: a sparse part is a companion part behind ``index.base``'s
+  protocol.
 * ``sparse/``: BM25 (``sparse.sparse_index``) and its fusion with the dense index
   (``sparse.hybrid``).
 * ``publication/``: corpus embedding (``publication.corpus_embedding``), the
-  ``index_dir/step-<N>`` + ``LATEST`` contract (``publication.publish``), the refresher
+  ``index_dir/step-<N>`` + ``LATEST`` contract (``publication.publish``), ``load_index`` of a
+  published directory, dense and sparse parts (``publication.index_io``), the refresher
   (``publication.refresher``, ``realm-refresh``), ``IndexHandle`` (``publication.handle``),
   ``TextSearcher`` (``publication.search``), document updates (``publication.updates``,
   ``realm-index upsert|delete``, ``realm-serve``'s ``/documents``) and the tests' tiny models
@@ -28,8 +30,9 @@ _EXPORTS = {
                "EmptyCorpusError", "FingerprintMismatchError", "IndexFormatError",
                "IndexNotReadyError", "RetrievalError"),
     "publication.handle": ("IndexHandle",),
+    "publication.index_io": ("load_index",),
     "index.mips_index": ("BruteForceIndex", "MipsIndex", "ScannIndex", "ScannSettings",
-                         "build_index", "load_index", "measure_recall", "recall_at_k"),
+                         "build_index", "measure_recall", "recall_at_k"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

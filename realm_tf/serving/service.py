@@ -52,10 +52,10 @@ from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import errors as retrieval_errors
 from realm_tf.retrieval.publication import handle as handle_lib
-from realm_tf.retrieval.sparse import hybrid
 from realm_tf.retrieval.publication import publish
 from realm_tf.retrieval.publication import refresher
 from realm_tf.retrieval.publication import updates
+from realm_tf.retrieval.sparse import hybrid
 
 
 class Overloaded(errors.RealmError, RuntimeError):

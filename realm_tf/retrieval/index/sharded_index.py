@@ -52,9 +52,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from absl import logging
 import numpy as np
 
-from realm_tf.retrieval.index import brute_force
 from realm_tf.retrieval import errors
 from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import brute_force
 from realm_tf.retrieval.index import tuning as index_tuning
 from realm_tf.retrieval.index.scann_index import ScannIndex
 from realm_tf.scann_settings import ScannSettings

@@ -3,6 +3,8 @@
 * ``corpus_embedding``: embed a blocks directory with a block tower (``embed_corpus``), shard
   and merge;
 * ``publish``: the ``index_dir/step-<N>`` + ``LATEST`` contract;
+* ``index_io``: ``load_index``, a published index directory: the dense index and its sparse
+  part;
 * ``refresher``: ``refresh_loop`` and ``build_index_for_checkpoint`` (``realm-refresh``);
 * ``handle``: ``IndexHandle``, the reader side for trainers and evaluation;
 * ``search``: ``TextSearcher``, query text to top-k blocks (``realm-index search``);

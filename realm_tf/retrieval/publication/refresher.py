@@ -47,6 +47,7 @@ from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval.index import base as index_base
 from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
 from realm_tf.retrieval.publication import publish
 from realm_tf.retrieval.sparse import sparse_index
 
@@ -298,7 +299,7 @@ class Refresher:
       published = index_base.read_manifest(path)
       if (published.get("sparse") and
           published.get("corpus_fingerprint") == manifest["fingerprint"]):
-        return index_base.load_sparse(path, published,
+        return index_io.load_sparse(path, published,
                                       index_base.load_deleted(path, published))
     store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
     sparse = sparse_index.SparseIndex.build(sparse_index.store_texts(store, range(len(store))))
