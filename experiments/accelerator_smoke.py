@@ -58,8 +58,8 @@ from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
 from realm_tf import tpu_readiness
 from realm_tf import train_lib
 from realm_tf.binaries import cli
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 
 FLAGS = flags.FLAGS
 EXPERIMENTS = ("ict_cpu", "reader_read_cpu", "realm_pretrain_cpu", "openqa_cpu")

@@ -12,7 +12,7 @@ trainer's checkpoints, so ``trainer.checkpoint_interval``) and the training dtyp
 there. What the config does not hold is a flag: the corpus size (the paper's 13,353,718
 blocks), the cores and hosts, and the assumed peaks (``ASSUMPTIONS`` lists their sources).
 
-What one step does (``realm_tf/retrieval/candidates.py``, ``tasks/realm_pretrain.py``):
+What one step does (``realm_tf/tasks/candidates.py``, ``tasks/realm_pretrain.py``):
 
 * host, per input pipeline (one per TPU host, ``cores_per_host`` cores each): embed the
   batch's queries with the query-tower snapshot (TF on the host CPUs), search the ScaNN index,
@@ -71,8 +71,8 @@ from realm_tf import configs
 from realm_tf.binaries import cli
 from realm_tf.data import block_store
 from realm_tf.modeling import factory
-from realm_tf.retrieval import candidates
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
+from realm_tf.tasks import candidates
 from realm_tf.tasks import realm_pretrain
 
 PAPER_NUM_BLOCKS = 13_353_718   # Guu et al. 2020, section 4 / appendix (enwiki-20181220)
@@ -630,7 +630,7 @@ def build_rows(work: Workload, m: Measured, hw: Hardware) -> List[Row]:
 
 
 def device_retrieval_rows(work: Workload, m: Measured, hw: Hardware) -> List[Row]:
-  """``task.retrieval: device`` (``retrieval/device_retrieval.py``): what changes per step.
+  """``task.retrieval: device`` (``tasks/device_retrieval.py``): what changes per step.
 
   The device adds a no-gradient query-tower forward and the exact search over its shard
   (``2 B n d`` in all), plus three collectives (all-gather of the queries and of the local

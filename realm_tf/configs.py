@@ -23,7 +23,7 @@ from official.modeling import optimization
 from official.nlp.configs import encoders
 
 from realm_tf import errors
-from realm_tf.retrieval.scann_settings import ScannSettings
+from realm_tf.scann_settings import ScannSettings
 
 # Sequence lengths of the paper and the released code.
 QUERY_SEQ_LENGTH = 96
@@ -243,9 +243,9 @@ class RealmPretrainTaskConfig(cfg.TaskConfig):
       ``qa_eval_path``; empty: as its records say.
     retrieval: where training retrieves. ``host``: the query-tower snapshot of the index
       embeds the queries on the host and its ScaNN index searches them
-      (``retrieval.candidates``). ``device``: the index's embeddings and the corpus's ids are
+      (``tasks.candidates``). ``device``: the index's embeddings and the corpus's ids are
       sharded over the replicas and each step retrieves exactly with the current query tower
-      (``retrieval.device_retrieval``); newer indexes are swapped in between training loops
+      (``tasks.device_retrieval``); newer indexes are swapped in between training loops
       (``trainer.steps_per_loop``).
     health: the retrieval-health alarms (``realm_tf.health``).
     retriever_freeze_steps: the retriever (both towers) gets no gradient for the first N
@@ -324,7 +324,7 @@ class OpenQaTaskConfig(cfg.TaskConfig):
     refresh_index: with ``trainable_blocks``, swap in the newer indexes that the refresher
       publishes between batches (False: search the first index throughout).
     index_wait_seconds: with ``trainable_blocks``, how long to wait for the first index.
-    retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (ORQA's and
+    retriever: how the beam is retrieved (``retrieval.sparse.hybrid``): ``dense`` (ORQA's and
       REALM's), ``bm25`` or ``hybrid`` (the index's BM25 part, beside the dense search for
       ``hybrid``). The retriever loss uses the query tower's logits over that beam; the reader
       adds each read block's prior (``inputs.OpenQaInputBuilder``'s ``block_prior``).
@@ -361,9 +361,9 @@ class IndexConfig(hyperparams.Config):
       ``brute_force``.
     batch_size: global batch size of the corpus embedding.
     recall_queries: sample queries for the recall@10 check of each build (0: skip).
-    scann: ScaNN's settings (``retrieval.scann_settings.ScannSettings``: sizes, tuning
+    scann: ScaNN's settings (``scann_settings.ScannSettings``: sizes, tuning
       target, quantization, the rebalance rule after updates).
-    sparse: also a BM25 part over the same blocks (``retrieval.sparse_index``), kept by
+    sparse: also a BM25 part over the same blocks (``retrieval.sparse.sparse_index``), kept by
       updates under the same commit point; a build reuses the last publication's when it
       covers the same corpus version (BM25 does not depend on the model).
   """

@@ -50,9 +50,9 @@ from realm_tf import modeling
 from realm_tf import tokenization
 from realm_tf.data import block_store
 from realm_tf.modeling import encoders
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
 
 MANIFEST_NAME = "EXPORT.json"
 READER = "reader"
@@ -249,7 +249,7 @@ def write_block_embeddings(folder: str, index_dir: str,
   path = publish.read_latest(index_dir)
   if path is None:
     raise ExportError(f"{index_dir}: no published index (no LATEST)")
-  index = mips_index.load_index(path)
+  index = index_io.load_index(path)
   manifest = index_base.read_manifest(path)
   embeddings = getattr(index, "embeddings", None)
   if embeddings is None:

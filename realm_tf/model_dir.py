@@ -196,7 +196,7 @@ def mark_training_done(model_dir: str, step: Optional[int] = None) -> None:
 def write_block_tower(model_dir: str, record: Dict) -> None:
   """Writes ``model_dir/block_tower.json``: which block tower embedded the index the model's
   query tower was fine-tuned against. ``record``: ``{"fingerprint": <the index's
-  retrieval.handle.block_tower_id>, "index": <its directory's name>}``, or ``{"own": True}``
+  publication.handle.block_tower_id>, "index": <its directory's name>}``, or ``{"own": True}``
   for a model that trains its own block tower (an index of the served checkpoint's tower is
   the right one)."""
   tf.io.gfile.makedirs(model_dir)
@@ -244,8 +244,8 @@ def append_validation_hits(model_dir: str, record: Dict) -> None:
 
 def read_validation_hits(model_dir: str) -> Dict[int, Dict]:
   """``{step: record}`` of :func:`append_validation_hits` (its hits as stored, "0"/"1" strings:
-  ``experiments/paired.py`` pairs them); a step validated twice (a resumed run) keeps its last
-  pass. Empty when the file is absent."""
+  ``experiments/pipeline/paired.py`` pairs them); a step validated twice (a resumed run) keeps
+  its last pass. Empty when the file is absent."""
   path = os.path.join(model_dir, VALIDATION_HITS_NAME)
   if not tf.io.gfile.exists(path):
     return {}

@@ -17,7 +17,7 @@ from experiments.synthetic import demo
 from realm_tf import configs
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import train_lib
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import testing
 from realm_tf.tokenization import load_vocab
 
 import helpers

@@ -15,9 +15,9 @@ each other. It holds:
 - a few ICT steps on a prepared world (``train_ict``) and the TensorBoard scalars of a log
   directory (``scalars``).
 
-Tiny towers, model directories and corpora are ``realm_tf.retrieval.testing``'s (the benchmarks
-use them too); the synthetic worlds and warm starts several modules share are session fixtures
-in ``conftest.py``.
+Tiny towers, model directories and corpora are ``realm_tf.retrieval.publication.testing``'s
+(the benchmarks use them too); the synthetic worlds and warm starts several modules share are
+session fixtures in ``conftest.py``.
 """
 
 import concurrent.futures

@@ -17,7 +17,7 @@ from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
 from realm_tf.serving import service as service_lib
 from realm_tf.tokenization import RealmTokenizer
 

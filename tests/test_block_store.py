@@ -13,8 +13,8 @@ import tensorflow as tf
 from realm_tf.data import block_store
 from realm_tf.data import features
 from realm_tf.data import manifests
-from realm_tf.retrieval import candidates
-from realm_tf.retrieval import testing
+from realm_tf.tasks import candidates
+from realm_tf.retrieval.publication import testing
 from realm_tf import tokenization
 
 N = 60

@@ -17,7 +17,7 @@ from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import manifests
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import testing
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import testing
 
 import helpers
 

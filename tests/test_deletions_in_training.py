@@ -5,9 +5,9 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data import block_store
-from realm_tf.retrieval import candidates
-from realm_tf.retrieval import device_retrieval
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
+from realm_tf.tasks import candidates
+from realm_tf.tasks import device_retrieval
 
 # pylint: disable-next=g-bad-import-order
 from test_device_retrieval import (COMPARED, duplicate_corpus, host_inputs, perturbed,

@@ -14,9 +14,9 @@ from realm_tf.data import block_store
 from realm_tf.data import manifests
 from realm_tf.data.loaders import InputError
 from realm_tf.modeling.models import RealmPretrainer
-from realm_tf.retrieval import candidates
-from realm_tf.retrieval import device_retrieval
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import testing
+from realm_tf.tasks import candidates
+from realm_tf.tasks import device_retrieval
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 

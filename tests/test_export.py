@@ -23,8 +23,8 @@ from realm_tf import configs
 from realm_tf import export
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 from realm_tf.tokenization import RealmTokenizer
 from realm_tf.tokenization import load_vocab
 

@@ -13,7 +13,7 @@ from realm_tf import configs
 from realm_tf import health
 from realm_tf import train_lib
 from realm_tf.modeling.models import RealmPretrainer
-from realm_tf.retrieval import candidates
+from realm_tf.tasks import candidates
 from realm_tf.tasks import realm_pretrain
 
 from helpers import CLS, LB, SEP, ExactHandle, make_blocks, make_examples, tiny_config

@@ -1,5 +1,5 @@
-"""One retriever choice (retrieval/hybrid.py): reciprocal-rank fusion, BM25 beams, the checks,
-and the Open-QA builder's beams over a published index with its BM25 part."""
+"""One retriever choice (retrieval/sparse/hybrid.py): reciprocal-rank fusion, BM25 beams, the
+checks, and the Open-QA builder's beams over a published index with its BM25 part."""
 
 import numpy as np
 import pytest
@@ -10,9 +10,9 @@ from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.openqa import report
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import hybrid
 
 from test_realm_index_updates import _setup
 
@@ -77,7 +77,7 @@ def test_bad_choices_are_refused_with_the_reason():
 def test_builder_beams_over_a_published_index_and_the_evidence_says_who_found_it(tmp_path):
   setup = _setup(tmp_path, num_blocks=80)
   config = model_dir_lib.load_config(setup["model"])
-  index = mips_index.load_index(publish.read_latest(setup["index"]))
+  index = index_io.load_index(publish.read_latest(setup["index"]))
   questions = [inputs_lib.Question("which river runs through paris?", ["seine"]),
                inputs_lib.Question("the king of france", ["louis"])]
   beams = {}

@@ -1,4 +1,6 @@
-"""No import cycle between the modules of realm_tf, data_prep and experiments.
+"""No import cycle between the modules of realm_tf, data_prep and experiments; and the layout
+of ``realm_tf/retrieval/`` (only ``__init__`` and ``errors`` at its top, the dense index
+importing nothing of BM25, ``realm_tf.configs`` nothing of retrieval).
 
 The graph is read from the source (``ast``, nothing imported) and holds every import, those
 inside functions and classes too: an import moved into a function only hides a cycle until
@@ -154,7 +156,8 @@ def find_cycles(graph: Graph) -> List[List[str]]:
 
 
 def describe(graph: Graph, cycle: List[str]) -> str:
-  """``a -> b -> a``, then where each import of the cycle is."""
+  """``a -> b -> a`` (a cycle, or a chain ``a -> b -> c``), then where each of its imports
+  is."""
   lines = [" -> ".join(cycle)]
   for source, target in zip(cycle, cycle[1:]):
     path, line = graph[source][target]
@@ -164,7 +167,8 @@ def describe(graph: Graph, cycle: List[str]) -> str:
 
 def test_no_import_cycles():
   graph = import_graph(REPO, PACKAGES)
-  assert "realm_tf.retrieval.mips_index" in graph and "experiments.benchmarks.bench_index" in graph
+  assert ("realm_tf.retrieval.index.mips_index" in graph
+          and "experiments.benchmarks.bench_index" in graph)
   cycles = find_cycles(graph)
   assert not cycles, "import cycles:\n" + "\n".join(describe(graph, c) for c in cycles)
 
@@ -209,3 +213,96 @@ def test_the_finder_reports_no_cycle_in_an_acyclic_package(tmp_path):
   assert graph["pkg.beta"] == {"pkg.sub.leaf": (os.path.join("pkg", "beta.py"), 2)}
   assert graph["pkg.sub.leaf"] == {"pkg.sub.other": (os.path.join("pkg", "sub", "leaf.py"), 1)}
   assert find_cycles(graph) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout of realm_tf/retrieval/ (issue 72): by concern, in subpackages; the dense index
+# knows nothing of BM25; realm_tf.configs needs nothing of retrieval.
+
+RETRIEVAL_TOP_LEVEL = ("__init__.py", "errors.py")
+
+
+def stray_files(root: str, package: str, allowed: Sequence[str]) -> List[str]:
+  """The Python files directly in ``package`` (a path under ``root``) other than ``allowed``."""
+  directory = os.path.join(root, package)
+  return sorted(name for name in os.listdir(directory)
+                if name.endswith(".py") and name not in allowed
+                and os.path.isfile(os.path.join(directory, name)))
+
+
+def _within(module: str, package: str) -> bool:
+  return module == package or module.startswith(package + ".")
+
+
+def import_chains(graph: Graph, importers: str, imported: str) -> List[List[str]]:
+  """For each module of ``imported`` (a module or package) that a module of ``importers``
+  imports, directly or through other modules, the shortest such chain ``[importer, ...,
+  module]``."""
+  chains = {}
+  for start in sorted(m for m in graph if _within(m, importers)):
+    parent = {start: None}
+    queue = collections.deque([start])
+    while queue:
+      node = queue.popleft()
+      for child in sorted(graph[node]):
+        if child in parent:
+          continue
+        parent[child] = node
+        queue.append(child)
+        if _within(child, imported):
+          chain = [child]
+          while parent[chain[-1]] is not None:
+            chain.append(parent[chain[-1]])
+          if child not in chains or len(chain) < len(chains[child]):
+            chains[child] = chain[::-1]
+  return [chains[m] for m in sorted(chains)]
+
+
+def test_retrieval_holds_no_module_at_its_top_but_init_and_errors():
+  stray = stray_files(REPO, os.path.join("realm_tf", "retrieval"), RETRIEVAL_TOP_LEVEL)
+  assert not stray, (f"realm_tf/retrieval/ is split by concern (index/, sparse/, publication/): "
+                     f"move {stray} into one of its subpackages")
+
+
+def test_the_dense_index_imports_nothing_of_the_sparse_package():
+  graph = import_graph(REPO, PACKAGES)
+  assert "realm_tf.retrieval.index.base" in graph and "realm_tf.retrieval.sparse.hybrid" in graph
+  chains = import_chains(graph, "realm_tf.retrieval.index", "realm_tf.retrieval.sparse")
+  assert not chains, ("realm_tf.retrieval.index imports BM25 (its sparse part is a companion "
+                      "part, loaded by retrieval.publication.index_io):\n"
+                      + "\n".join(describe(graph, c) for c in chains))
+
+
+def test_configs_imports_nothing_of_retrieval():
+  graph = import_graph(REPO, PACKAGES)
+  assert "realm_tf.configs" in graph and "realm_tf.scann_settings" in graph["realm_tf.configs"]
+  chains = import_chains(graph, "realm_tf.configs", "realm_tf.retrieval")
+  assert not chains, ("realm_tf.configs imports realm_tf.retrieval, which imports configs:\n"
+                      + "\n".join(describe(graph, c) for c in chains))
+
+
+def test_the_layout_checks_report_planted_violations(tmp_path):
+  _write(tmp_path, {
+      "pkg/__init__.py": "",
+      "pkg/errors.py": "",
+      "pkg/stray.py": "",
+      "pkg/notes.txt": "",
+      "pkg/dense/__init__.py": "",
+      "pkg/dense/base.py": "from pkg import helper\n",
+      "pkg/dense/clean.py": "from pkg import errors\n",
+      "pkg/helper.py": "def f():\n  from pkg.sparse import bm25\n  return bm25\n",
+      "pkg/sparse/__init__.py": "",
+      "pkg/sparse/bm25.py": "from pkg.dense import clean\n",
+      "pkg/config.py": "import pkg.sparse\n",
+  })
+  assert stray_files(str(tmp_path), "pkg", ("__init__.py", "errors.py")) == [
+      "config.py", "helper.py", "stray.py"]
+  graph = import_graph(str(tmp_path), ["pkg"])
+  chains = import_chains(graph, "pkg.dense", "pkg.sparse")
+  assert chains == [["pkg.dense.base", "pkg.helper", "pkg.sparse.bm25"]]
+  text = describe(graph, chains[0])
+  assert text.startswith("pkg.dense.base -> pkg.helper -> pkg.sparse.bm25\n")
+  assert os.path.join("pkg", "helper.py") + ":2: pkg.helper imports pkg.sparse.bm25" in text
+  assert import_chains(graph, "pkg.config", "pkg.sparse") == [["pkg.config", "pkg.sparse"]]
+  assert import_chains(graph, "pkg.sparse", "pkg.helper") == []
+  assert import_chains(graph, "pkg.dense.clean", "pkg.sparse") == []

@@ -10,10 +10,10 @@ import yaml
 from realm_tf import configs
 from realm_tf.binaries import index  # noqa: F401  Defines realm-index's flags.
 from realm_tf.binaries import index_flags
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 
 FLAGS = flags.FLAGS
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
 
 
 def _clustered(n, d, rng, num_clusters=50):
@@ -88,7 +89,7 @@ def test_exact_indexes_equal_numpy_after_updates(kind, tmp_path):
 
   # Saved and loaded: the same rows, the same results; then more updates on the loaded one.
   index.save(str(tmp_path / "a"), {"corpus_fingerprint": "f"})
-  loaded = mips_index.load_index(str(tmp_path / "a"), expected_dim=16, load_embeddings=True)
+  loaded = index_io.load_index(str(tmp_path / "a"), expected_dim=16, load_embeddings=True)
   np.testing.assert_array_equal(loaded.deleted, index.deleted)
   np.testing.assert_array_equal(loaded.search(queries, 10)[0], ids)
   table = _random_updates(loaded, table, rng, rounds=2, fraction=0.05)
@@ -97,7 +98,7 @@ def test_exact_indexes_equal_numpy_after_updates(kind, tmp_path):
   np.testing.assert_array_equal(ids, want_ids)
   np.testing.assert_allclose(scores, want_scores, rtol=1e-5, atol=1e-5)
   loaded.save(str(tmp_path / "b"))
-  again = mips_index.load_index(str(tmp_path / "b"))
+  again = index_io.load_index(str(tmp_path / "b"))
   np.testing.assert_array_equal(again.search(queries, 10)[0], ids)
   np.testing.assert_array_equal(np.load(str(tmp_path / "b" / "embeddings.npy")), table)
 
@@ -128,7 +129,7 @@ def test_scann_updates_keep_the_tuned_recall(use_tree, tmp_path):
   assert not np.isin(ids, index.deleted).any()
   assert index.maintenance() is None  # 6% changed, spread over the clusters: nothing to do.
   index.save(str(tmp_path / "s"))
-  loaded = mips_index.load_index(str(tmp_path / "s"))
+  loaded = index_io.load_index(str(tmp_path / "s"))
   np.testing.assert_array_equal(loaded.search(queries, 10)[0], ids)
   assert os.path.exists(tmp_path / "s" / "scann" / "row_ids.npy")
 
@@ -225,17 +226,17 @@ def test_a_planted_pickle_is_never_unpickled(updated, tmp_path):
   assert ("scann/row_ids.npy" in saved) == updated
   queries = rng.standard_normal((8, 16)).astype(np.float32)
   want, _ = _exact(queries, table, index.deleted, 10)
-  np.testing.assert_array_equal(mips_index.load_index(str(directory)).search(queries, 10)[0],
+  np.testing.assert_array_equal(index_io.load_index(str(directory)).search(queries, 10)[0],
                                 want)
   ran = tmp_path / "the_pickle_ran"
   with open(directory / "elsewhere.pkl", "wb") as f:  # Never read: ignored.
     pickle.dump(_Plant(str(ran)), f)
-  np.testing.assert_array_equal(mips_index.load_index(str(directory)).search(queries, 10)[0],
+  np.testing.assert_array_equal(index_io.load_index(str(directory)).search(queries, 10)[0],
                                 want)
   with open(directory / "scann" / "scann_docids.pkl", "wb") as f:
     pickle.dump(_Plant(str(ran)), f)
   with pytest.raises(errors.IndexFormatError, match=r"scann_docids\.pkl.*never.*rebuild"):
-    mips_index.load_index(str(directory))
+    index_io.load_index(str(directory))
   assert not ran.exists()
 
 
@@ -244,8 +245,8 @@ def test_a_planted_pickle_stops_the_index_handle_with_the_rebuild_message(tmp_pa
   ``realm-serve`` and the trainer open) with the message naming the file and the rebuild, not
   retried until "no index appeared ... start the refresher"."""
   import pickle  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import handle as handle_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
   index_dir = str(tmp_path / "indexes")
   with publish.lock(index_dir):
     path = publish.publish(mips_index.ScannIndex.build(_clustered(600, 16,

@@ -57,7 +57,7 @@ _WITHOUT_DATA_PREP = r"""
 import json, sys
 sys.modules["data_prep"] = None          # any import of it now fails
 from realm_tf import configs
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.publication import updates
 path, vocab = sys.argv[1:3]
 documents = updates.read_documents(path)
 config = configs.RealmModelConfig()

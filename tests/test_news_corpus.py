@@ -16,8 +16,8 @@ from realm_tf.data import features
 from realm_tf.data import loaders
 from realm_tf.data import manifests
 from realm_tf.data.loaders import InputError
-from realm_tf.retrieval import candidates
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import testing
+from realm_tf.tasks import candidates
 from realm_tf.tokenization import RealmTokenizer
 
 SMALL = dict(num_regions=3, num_cities=8, num_people=20, num_organizations=6, num_works=10)

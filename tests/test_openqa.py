@@ -27,9 +27,10 @@ from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict as predict_lib
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 
@@ -675,10 +676,10 @@ def test_end_to_end_train_eval_and_answer(trained):
 def test_fine_tuning_reads_the_beam_of_its_retriever(trained):
   """``task.retriever``: the training batches' beams are that retriever's over the index
   (``hybrid.retrieve`` with the query tower of the step), each block's embedding with it."""
-  from realm_tf.retrieval import hybrid  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.sparse import hybrid  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
   t = trained
-  index = mips_index.load_index(publish.read_latest(t["index_dir"]))
+  index = index_io.load_index(publish.read_latest(t["index_dir"]))
   questions = inputs_lib.load_questions(t["files"]["qa_train"])
   for retriever in ("hybrid", "bm25"):
     task = openqa_task.OpenQaTask(t["params"].task.replace(retriever=retriever))
@@ -732,8 +733,8 @@ def test_the_server_pins_the_block_tower_the_model_was_fine_tuned_against(traine
   over that model refuses to start on an index directory whose ``LATEST`` is another tower's
   (a clear error naming the fix), starts on one of the recorded tower, and never swaps in an
   index of another tower published later."""
-  from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import handle as handle_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
   from realm_tf.serving import service as service_lib  # pylint: disable=g-import-not-at-top
   t = trained
   path = publish.read_latest(t["index_dir"])
@@ -742,7 +743,7 @@ def test_the_server_pins_the_block_tower_the_model_was_fine_tuned_against(traine
   assert tower and tower == manifest["block_tower"]["fingerprint"]
   assert model_dir_lib.read_block_tower(t["model_dir"]) == {
       "fingerprint": tower, "index": os.path.basename(path)}
-  index = mips_index.load_index(path)
+  index = index_io.load_index(path)
   other = dict(manifest, block_tower=dict(manifest["block_tower"], fingerprint="0" * 40))
   index_dir = str(tmp_path / "served")
   with publish.lock(index_dir):

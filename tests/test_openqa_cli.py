@@ -25,8 +25,8 @@ from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import predict
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 
 import helpers
 

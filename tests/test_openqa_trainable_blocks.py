@@ -16,13 +16,13 @@ from realm_tf.data import block_store
 from realm_tf.data import manifests
 from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import inputs as inputs_lib
-from realm_tf.retrieval import candidates as candidates_lib
-from realm_tf.retrieval import corpus_embedding
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
+from realm_tf.tasks import candidates as candidates_lib
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer, load_vocab
 

@@ -20,8 +20,8 @@ from experiments.real_text import main as real_text
 from experiments.real_text import report
 from experiments.real_text import text_stages
 from realm_tf.openqa import inputs as inputs_lib
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import sparse_index
 
 # From the enwiki dump's Anarchism page (assets/wikipedia): the reference holds an unmatched
 # '' (closing an italic that never opened), which pairs with the next line's '' and makes
@@ -280,7 +280,7 @@ def test_tiny_run_hybrid(tiny_run):
   its recall is that of its saved top ids."""
   # pylint: disable=g-import-not-at-top
   from realm_tf.data import manifests
-  from realm_tf.retrieval import hybrid
+  from realm_tf.retrieval.sparse import hybrid
   # pylint: enable=g-import-not-at-top
   out, stages = tiny_run
   work = os.path.join(out, "work")
@@ -364,7 +364,7 @@ def test_tiny_run_openqa(tiny_run):
   # the same embeddings published again with one); its paired EM is the records' difference.
   # pylint: disable=g-import-not-at-top
   from realm_tf import embedder_api
-  from realm_tf.retrieval import hybrid
+  from realm_tf.retrieval.sparse import hybrid
   # pylint: enable=g-import-not-at-top
   with open(os.path.join(work, "hybrid_reader_eval", "predictions_with_evidence.jsonl")) as f:
     fused_read = [json.loads(line) for line in f]

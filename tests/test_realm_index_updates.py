@@ -20,15 +20,16 @@ from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import manifests
-from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import sharded_index
-from realm_tf.retrieval import sparse_index
-from realm_tf.retrieval import testing
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
+from realm_tf.retrieval.publication import updates
+from realm_tf.retrieval.sparse import sparse_index
 from test_sparse_index import check_against_fresh_bm25s
 
 import helpers
@@ -80,7 +81,7 @@ def _check_against_exact(setup, expected, queries, k=10):
   live = _live_rows(store, expected)
   np.testing.assert_array_equal(np.setdiff1d(np.arange(len(store)), live), store.deleted)
   table = _corpus_table(setup["model"], setup["blocks"])
-  index = mips_index.load_index(publish.read_latest(setup["index"]),
+  index = index_io.load_index(publish.read_latest(setup["index"]),
                                 expected_fingerprint=store.fingerprints, load_embeddings=True)
   np.testing.assert_allclose(np.asarray(index.embeddings[np.arange(len(table))]), table,
                              rtol=1e-5, atol=1e-5)  # The appended rows: as a full embedding.
@@ -142,7 +143,7 @@ def test_random_updates_equal_exact_search(tmp_path):
   setup["trainer"].save(20)  # The same weights at a later step.
   refresher.build_index_for_checkpoint(None, setup["model"], setup["blocks"], setup["index"],
                                        setup["options"])
-  rebuilt = mips_index.load_index(publish.read_latest(setup["index"]))
+  rebuilt = index_io.load_index(publish.read_latest(setup["index"]))
   assert rebuilt.manifest["model_step"] == 20 and rebuilt.num_live == len(expected)
   helpers.assert_same_top_k(rebuilt.search(queries, 10)[0], want, scores)
   _check_sparse(rebuilt, store, _live_rows(store, expected))
@@ -156,7 +157,7 @@ def test_scann_ah_index_keeps_its_tuned_recall(tmp_path):
   """ScaNN hashing over 1,200 blocks (exact scoring only below 500 here): after updates, the
   recall@10 against exact search over the live rows stays at the index's tuned target."""
   setup = _setup(tmp_path, num_blocks=1200, brute_force_below=500)
-  start = mips_index.load_index(publish.read_latest(setup["index"]))
+  start = index_io.load_index(publish.read_latest(setup["index"]))
   assert start.settings()["mode"] == "ah"
   target = start.settings()["tuning"]["target_recall"]
   expected = {(b["title"], b["body"]) for b in manifests.read_blocks(setup["blocks"])}
@@ -191,7 +192,7 @@ def test_a_rebuild_after_updates_is_latest_and_updated_on_top(tmp_path):
   rebuilt = refresher.build_index_for_checkpoint(None, setup["model"], setup["blocks"],
                                                  setup["index"], setup["options"])
   assert publish.read_latest(setup["index"]) == rebuilt and rebuilt.endswith("step-10")
-  assert mips_index.load_index(rebuilt).num_live == 103  # Over the updated corpus.
+  assert index_io.load_index(rebuilt).num_live == 103  # Over the updated corpus.
   doc = updates.Document("after", "a band from london.")
   result = updater.upsert([doc])
   expected.add((doc.title, doc.text))
@@ -209,7 +210,7 @@ def test_a_sharded_index_is_built_updated_and_rebuilt(tmp_path, monkeypatch):
   next build over the updated corpus is sharded again, and the same."""
   monkeypatch.setattr(sharded_index, "MIN_ROWS_PER_SHARD", 100)
   setup = _setup(tmp_path, build_memory_gib=1e-5)
-  first = mips_index.load_index(publish.read_latest(setup["index"]))
+  first = index_io.load_index(publish.read_latest(setup["index"]))
   assert first.index_type == "scann_sharded" and len(first.shards) == 3
   expected = {(b["title"], b["body"]) for b in manifests.read_blocks(setup["blocks"])}
   updater = updates.Updater(setup["index"], setup["model"])
@@ -287,7 +288,7 @@ def test_sigkill_mid_update_then_the_next_update(tmp_path):
   before = publish.read_latest(setup["index"])
   digest = _tree_digest(before)
   queries = np.random.default_rng(2).standard_normal((5, DIM)).astype(np.float32)
-  old_ids, _ = mips_index.load_index(before).search(queries, 5)
+  old_ids, _ = index_io.load_index(before).search(queries, 5)
   docs = tmp_path / "docs.jsonl"
   docs.write_text(json.dumps({"title": "Killed", "text": "the king was born in paris."}) + "\n")
   env = dict(ENV, **{publish.TESTONLY_BUILD_DELAY_ENV: "30"})
@@ -302,7 +303,7 @@ def test_sigkill_mid_update_then_the_next_update(tmp_path):
   assert publish.read_latest(setup["index"]) == before and _tree_digest(before) == digest
   store = block_store.BlockStore.open(setup["blocks"])
   assert len(store) == 101  # The corpus went a version ahead ...
-  loaded = mips_index.load_index(before, expected_fingerprint=store.fingerprints)
+  loaded = index_io.load_index(before, expected_fingerprint=store.fingerprints)
   np.testing.assert_array_equal(loaded.search(queries, 5)[0], old_ids)  # ... the index did not.
 
   # The next update first rolls the index forward to the corpus (step-10-u1, with the killed
@@ -310,9 +311,9 @@ def test_sigkill_mid_update_then_the_next_update(tmp_path):
   result = updates.Updater(setup["index"], setup["model"]).upsert(
       [updates.Document("Next", "a band from london.")])
   assert result.index.endswith("step-10-u2") and [a["row"] for a in result.added] == [101]
-  rolled = mips_index.load_index(os.path.join(setup["index"], "step-10-u1"))
+  rolled = index_io.load_index(os.path.join(setup["index"], "step-10-u1"))
   assert rolled.num_blocks == 101 and rolled.num_live == 101
-  index = mips_index.load_index(result.index)
+  index = index_io.load_index(result.index)
   assert index.num_blocks == 102 and index.num_live == 102  # The killed update's block too.
   assert not [n for n in os.listdir(setup["index"]) if n.startswith(".tmp-")]  # Cleaned.
 

@@ -10,8 +10,8 @@ from realm_tf import train_lib
 from realm_tf.data.loaders import InputError
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer, tower_inputs
-from realm_tf.retrieval import candidates
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import testing
+from realm_tf.tasks import candidates
 from realm_tf.tasks import realm_pretrain
 
 # The tiny REALM model and its random inputs (test_health uses them too).

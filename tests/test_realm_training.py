@@ -34,8 +34,8 @@ from realm_tf import train_lib
 from realm_tf.data import loaders
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher as refresher_lib
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher as refresher_lib
 from realm_tf.tasks import ict
 from realm_tf.tasks import realm_pretrain
 from realm_tf.tokenization import load_vocab
@@ -240,7 +240,7 @@ def test_clear_errors(realm_world, ict_dir):
   from data_prep import blocks as blocks_pipeline  # pylint: disable=g-import-not-at-top
   blocks_pipeline.run_blocks(files["articles"], p["vocab"], other_blocks,
                              block_seq_length=64)
-  from realm_tf.retrieval import refresher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.publication import refresher  # pylint: disable=g-import-not-at-top
   other_index = str(root / "other_index")
   refresher.build_index_for_checkpoint(None, ict_dir, other_blocks, other_index)
   params = configs.load_experiment("realm_pretrain_cpu", params_override=overrides(

@@ -15,11 +15,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import testing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_BLOCKS = 200
@@ -38,7 +39,7 @@ class Reader(threading.Thread):
     self.stop = threading.Event()
 
   def check(self, path):
-    index = mips_index.load_index(path, expected_dim=DIM, expected_fingerprint=self.fingerprint,
+    index = index_io.load_index(path, expected_dim=DIM, expected_fingerprint=self.fingerprint,
                                   load_embeddings=True)
     manifest = index.manifest
     step = int(os.path.basename(path).split("-")[1])

@@ -25,8 +25,8 @@ from realm_tf.data import released
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.publication import refresher
 from realm_tf.tokenization import RealmTokenizer
 
 import helpers

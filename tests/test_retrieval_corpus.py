@@ -12,11 +12,11 @@ import tensorflow as tf
 from realm_tf import tokenization
 from realm_tf.data import features
 from realm_tf.data import manifests
-from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 
 
 class PackTest(tf.test.TestCase):

@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
 
 
 def _random(n, d, seed=0):
@@ -127,7 +128,7 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     # Written under one name, renamed, then loaded: ScaNN's paths are relative.
     index.save(os.path.join(self.dir, "tmp"), {"corpus_fingerprint": "abc"})
     os.rename(os.path.join(self.dir, "tmp"), os.path.join(self.dir, "final"))
-    loaded = mips_index.load_index(os.path.join(self.dir, "final"), expected_dim=32,
+    loaded = index_io.load_index(os.path.join(self.dir, "final"), expected_dim=32,
                                    expected_fingerprint="abc")
     self.assertIsInstance(loaded, mips_index.ScannIndex)
     self.assertEqual(loaded.settings(), index.settings())
@@ -147,7 +148,7 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     emb, queries = _random(300, 8), _random(5, 8, seed=1)
     index = mips_index.BruteForceIndex(emb)
     index.save(self.dir, {"corpus_fingerprint": "abc"})
-    loaded = mips_index.load_index(self.dir, expected_dim=8, expected_fingerprint="abc")
+    loaded = index_io.load_index(self.dir, expected_dim=8, expected_fingerprint="abc")
     self.assertIsInstance(loaded, mips_index.BruteForceIndex)
     for a, b in zip(index.search(queries, 4), loaded.search(queries, 4)):
       self.assertAllEqual(a, b)
@@ -156,18 +157,18 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     mips_index.BruteForceIndex(_random(50, 8)).save(self.dir, {"corpus_fingerprint": "abc"})
     with self.assertRaisesRegex(errors.DimensionMismatchError,
                                 "has dimension 8 but the model's embeddings have dimension 128"):
-      mips_index.load_index(self.dir, expected_dim=128)
+      index_io.load_index(self.dir, expected_dim=128)
     with self.assertRaisesRegex(errors.FingerprintMismatchError,
                                 "built over corpus abc but this run uses corpus def"):
-      mips_index.load_index(self.dir, expected_fingerprint="def")
+      index_io.load_index(self.dir, expected_fingerprint="def")
 
   def test_load_refuses_incomplete(self):
     mips_index.ScannIndex.build(_random(3000, 8)).save(self.dir)
     os.remove(os.path.join(self.dir, "manifest.json"))
     with self.assertRaisesRegex(errors.IndexFormatError, "no complete index"):
-      mips_index.load_index(self.dir)
+      index_io.load_index(self.dir)
     with self.assertRaisesRegex(errors.IndexFormatError, "not found"):
-      mips_index.load_index(os.path.join(self.dir, "nope"))
+      index_io.load_index(os.path.join(self.dir, "nope"))
 
   def test_recall_counts_ties(self):
     emb = np.ones([20, 4], np.float32)  # Every block ties with every other.
@@ -224,7 +225,7 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn("int8_dataset.npy", scann_files)
     print(f"searcher bytes per block: {per_block:.1f} ({sorted(scann_files)})")
 
-    loaded = mips_index.load_index(path, expected_dim=128, expected_fingerprint="abc")
+    loaded = index_io.load_index(path, expected_dim=128, expected_fingerprint="abc")
     self.assertEqual(loaded.settings(), settings)
     ids2, scores2 = loaded.search(tune_q, 10)
     self.assertAllEqual(ids2, ids)
@@ -262,8 +263,8 @@ class ScannIndexTest(tf.test.TestCase, parameterized.TestCase):
   def test_handle_serves_memory_mapped_embeddings(self):
     """IndexHandle: no float32 copy resident in either index around a swap; embeddings() is a
     read-only memory map of the current index's file."""
-    from realm_tf.retrieval import handle as handle_lib  # pylint: disable=g-import-not-at-top
-    from realm_tf.retrieval import publish  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval.publication import handle as handle_lib  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval.publication import publish  # pylint: disable=g-import-not-at-top
     index_dir = os.path.join(self.dir, "index")
     first, second = _random(3000, 16, seed=5), _random(3000, 16, seed=6)
     publish.publish(mips_index.ScannIndex.build(first), index_dir, 1)

@@ -16,10 +16,10 @@ import tensorflow as tf
 from realm_tf import model_dir as model_dir_lib
 from realm_tf import modeling
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import testing
 
 
 def _index(step, n=40, d=8):
@@ -141,7 +141,7 @@ class PublishTest(tf.test.TestCase):
     can (it emulates ``flock`` with ``fcntl`` write locks)."""
     script = (_STRICT_FLOCK +
               "import sys, time\n"
-              "from realm_tf.retrieval import publish\n"
+              "from realm_tf.retrieval.publication import publish\n"
               "print('waiting', flush=True)\n"
               "with publish.lock(sys.argv[1]):\n"
               "  print(f'{time.time():.6f}', flush=True)\n")

@@ -21,11 +21,12 @@ from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.openqa import predict
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
+from realm_tf.retrieval.publication import updates
 from realm_tf.serving import app as app_lib
 from realm_tf.serving import service as service_lib
 
@@ -346,7 +347,7 @@ def test_hot_swaps_updates_and_deletions(world):
     got = request(url + "/answer", {"question": q, "top_k": 5})[1]
     assert got["index"] == "step-1-u3"
     assert uid not in [a["evidence"]["uid"] for a in got["answers"]]
-  index = mips_index.load_index(publish.read_latest(world["index"]))
+  index = index_io.load_index(publish.read_latest(world["index"]))
   every = index.search(np.ones([1, index.dim], np.float32), index.num_live)[0]
   assert new_row not in every and index.num_live == index.num_blocks - 1
   status, again = request(url + f"/documents/{uid}", method="DELETE", token=TOKEN)
@@ -402,7 +403,7 @@ def test_an_index_of_another_block_tower_is_never_swapped_in(world):
   of the right tower published after it is swapped in."""
   current = publish.read_latest(world["index"])
   manifest = mips_index.read_manifest(current)
-  index = mips_index.load_index(current)
+  index = index_io.load_index(current)
   step = int(manifest["model_step"]) + 100
   other = dict(manifest, block_tower=dict(manifest["block_tower"], fingerprint="0" * 40))
   with publish.lock(world["index"]):
@@ -443,7 +444,7 @@ def test_no_update_on_top_of_an_index_of_another_block_tower(world, tmp_path):
                                            progress=False, tensorboard_dir=""))
   other = publish.read_latest(built)
   with publish.lock(world["index"]):
-    wrong = publish.publish(mips_index.load_index(other), world["index"], 1000,
+    wrong = publish.publish(index_io.load_index(other), world["index"], 1000,
                             mips_index.read_manifest(other), keep=10)
   assert publish.read_latest(world["index"]) == wrong
   before = publish.publications(world["index"])
@@ -458,7 +459,7 @@ def test_no_update_on_top_of_an_index_of_another_block_tower(world, tmp_path):
   assert request(world["url"] + "/healthz")[1]["index"] == served
   # An index of the served tower published again: updates go on.
   with publish.lock(world["index"]):
-    again = publish.publish(mips_index.load_index(right), world["index"], 1001,
+    again = publish.publish(index_io.load_index(right), world["index"], 1001,
                             mips_index.read_manifest(right), keep=10)
   deadline = time.time() + 60
   while request(world["url"] + "/healthz")[1]["index"] != os.path.basename(again):

@@ -36,9 +36,9 @@ from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
 from realm_tf import tokenization
 from realm_tf import train_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import updates
 from realm_tf.serving import app as app_lib
 from realm_tf.serving import service as service_lib
 

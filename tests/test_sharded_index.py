@@ -10,11 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sharded_index
-from realm_tf.retrieval.handle import IndexHandle
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication.handle import IndexHandle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,7 +134,7 @@ def test_save_load_updates_and_hot_swap(tmp_path):
   assert [s["num_blocks"] for s in index.settings()["shards"]] == [400, 400, 400]
   path = str(tmp_path / "a")
   index.save(path)
-  loaded = mips_index.load_index(path, expected_dim=16)
+  loaded = index_io.load_index(path, expected_dim=16)
   assert isinstance(loaded, mips_index.ShardedIndex)
   assert mips_index.searcher_bytes(path) > 0
   for a, b in zip(index.search(queries, 10), loaded.search(queries, 10)):
@@ -153,7 +154,7 @@ def test_save_load_updates_and_hot_swap(tmp_path):
   loaded, _ = loaded.maintained()
   path_b = str(tmp_path / "b")
   loaded.save(path_b)
-  again = mips_index.load_index(path_b)
+  again = index_io.load_index(path_b)
   assert again.num_blocks == 1230 and again.deleted.tolist() == sorted(gone)
   np.testing.assert_array_equal(again.search(queries, 10)[0], want)
   np.testing.assert_array_equal(np.asarray(again.embeddings), grown)
@@ -184,13 +185,13 @@ def test_a_shard_that_does_not_tile_is_refused(tmp_path):
   manifest["settings"]["shards"][1]["start"] = 299
   json.dump(manifest, open(os.path.join(path, "manifest.json"), "w"))
   with pytest.raises(mips_index.errors.IndexFormatError, match="do not tile"):
-    mips_index.load_index(path)
+    index_io.load_index(path)
 
 
 _CHILD = r"""
 import json, sys, threading, time
 import numpy as np
-from realm_tf.retrieval import mips_index, sharded_index
+from realm_tf.retrieval.index import mips_index, sharded_index
 sharded_index.MIN_ROWS_PER_SHARD = 1000
 path, budget = sys.argv[1], float(sys.argv[2])
 table = np.load(path, mmap_mode="r")

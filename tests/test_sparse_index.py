@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.sparse import sparse_index
 
 WORDS = ("paris france capital river seine tower the of and is city bridge louvre museum art "
          "king queen war peace treaty year").split()
@@ -119,7 +119,8 @@ def test_a_dense_index_carries_its_sparse_part_through_updates_and_publication(t
   manifest's summary; load_index reads it back, and refuses a sparse part of other rows."""
   # pylint: disable=g-import-not-at-top
   import shutil
-  from realm_tf.retrieval import mips_index
+  from realm_tf.retrieval.index import mips_index
+  from realm_tf.retrieval.publication import index_io
   # pylint: enable=g-import-not-at-top
   rng = np.random.default_rng(4)
   corpus = texts(rng, 12)
@@ -136,7 +137,7 @@ def test_a_dense_index_carries_its_sparse_part_through_updates_and_publication(t
   path = str(tmp_path / "step-1")
   manifest = index.save(path)
   assert manifest["sparse"]["num_rows"] == 14 and manifest["sparse"]["num_live"] == 12
-  again = mips_index.load_index(path)
+  again = index_io.load_index(path)
   check_against_fresh_bm25s(again.sparse, live)
   again.append(rng.normal(size=[1, 4]), ["zeppelin"])      # the loaded part updates too
   assert again.sparse.search(["zeppelin"], 2)[0].tolist() == [[14, -1]]
@@ -145,4 +146,4 @@ def test_a_dense_index_carries_its_sparse_part_through_updates_and_publication(t
   shutil.rmtree(os.path.join(path, "sparse"))
   other.save(os.path.join(path, "sparse"))
   with pytest.raises(errors.IndexFormatError, match="not the dense index's 14"):
-    mips_index.load_index(path)
+    index_io.load_index(path)

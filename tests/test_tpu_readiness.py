@@ -39,9 +39,9 @@ from realm_tf import train_lib
 from realm_tf.data import block_store
 from realm_tf.data import loaders
 from realm_tf.modeling import models as modeling_models
-from realm_tf.retrieval import device_retrieval
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
+from realm_tf.tasks import device_retrieval
 from realm_tf.tasks import ict
 from realm_tf.tasks import openqa
 from realm_tf.tasks import reader_read

@@ -27,11 +27,12 @@ from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import updates
 
 from test_realm_index_updates import ENV
 from test_realm_index_updates import REPO
@@ -55,7 +56,7 @@ def _state(setup):
   the sparse part's best block for the document's words)."""
   store = block_store.BlockStore.open(setup["blocks"])
   path = publish.read_latest(setup["index"])
-  index = mips_index.load_index(path, expected_fingerprint=store.fingerprints)
+  index = index_io.load_index(path, expected_fingerprint=store.fingerprints)
   rows = [r for r in range(len(store)) if store.titles[r] == TITLE]
   in_corpus = [r for r in rows if store.is_live([r])[0]]
   in_index = [r for r in rows if r < index.num_blocks and r not in set(index.deleted.tolist())]
@@ -111,7 +112,7 @@ def test_a_crash_at_each_phase_then_restart_and_retry(op, phase, tmp_path):
     assert _check_consistent(setup)
     # Answerable: the document's own embedding finds it first.
     in_index = _state(setup)[1]
-    index = mips_index.load_index(publish.read_latest(setup["index"]), load_embeddings=True)
+    index = index_io.load_index(publish.read_latest(setup["index"]), load_embeddings=True)
     query = np.asarray(index.embeddings[in_index[0]])[None]
     assert index.search(query, 1)[0][0, 0] == in_index[0]
   else:
@@ -154,7 +155,7 @@ def test_two_writers_racing_on_the_same_directories(tmp_path):
     outs.append(json.loads(out.strip().splitlines()[-1]))
   assert sorted(o["index"].rsplit("-", 1)[1] for o in outs) == ["u1", "u2"]
   store = block_store.BlockStore.open(setup["blocks"])
-  index = mips_index.load_index(publish.read_latest(setup["index"]),
+  index = index_io.load_index(publish.read_latest(setup["index"]),
                                 expected_fingerprint=store.fingerprints)
   assert index.num_live == len(store) - len(store.deleted) == 62
   for i in range(2):

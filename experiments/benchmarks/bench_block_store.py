@@ -47,7 +47,7 @@ from realm_tf.binaries import cli
 from realm_tf.data import block_store
 from realm_tf.data import features as features_lib
 from realm_tf.data import manifests
-from realm_tf.retrieval import candidates
+from realm_tf.tasks import candidates
 
 flags.DEFINE_integer("num_blocks", 20000, "Blocks in the corpus (1000000 for the full size).")
 flags.DEFINE_integer("before_max_blocks", 100000, "Largest corpus the before path reads; "

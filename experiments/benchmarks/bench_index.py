@@ -20,9 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.binaries import cli
-from realm_tf.retrieval import corpus_embedding
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication import testing
 
 flags.DEFINE_list("sizes", ["100000", "1000000"], "Numbers of blocks.")
 flags.DEFINE_integer("dim", 128, "Embedding dimension.")

@@ -60,9 +60,10 @@ from absl import flags
 import numpy as np
 
 from realm_tf.binaries import cli
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import sharded_index
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.publication import index_io
 
 flags.DEFINE_list("num_vectors", ["100000"], "Corpus sizes (1e6 and 4e6 for the full run).")
 flags.DEFINE_integer("dim", 128, "Embedding dimension.")
@@ -218,7 +219,7 @@ def _child_load(data, n, values):
   table = np.load(data["vectors"], mmap_mode="r")
   queries, kth = data["queries"], data["kth"]
   peak = PeakRss(values.max_rss_gib * _GIB).start()
-  index = mips_index.load_index(os.path.join(values.work_dir, f"project-{n}"))
+  index = index_io.load_index(os.path.join(values.work_dir, f"project-{n}"))
   recall = _recall(table, queries, index.search(queries, 10)[0], kth)
   qps = _qps(lambda q: index.search(q, 10), queries, values.batch, values.repeats)
   total = peak.stop()

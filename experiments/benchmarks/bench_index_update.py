@@ -4,7 +4,7 @@ r"""Benchmark: upserting 1% of a 10^5-block corpus against a full rebuild, embed
         --num_blocks=100000 --fraction=0.01
 
 Everything in a temporary directory: a corpus of ``--num_blocks`` random-word blocks
-(``retrieval.testing.make_corpus``, 32 wordpieces each), a model with the demo's towers
+(``retrieval.publication.testing.make_corpus``, 32 wordpieces each), a model with the demo's towers
 (2 layers, 64 wide, projection 128; untrained weights embed as fast as trained ones) and its
 ScaNN index, built once (``realm-index build``'s code) with the block store opened (a serving
 deployment has both). Then, timed:
@@ -44,12 +44,13 @@ import spacy  # pylint: disable=unused-import  # Imported: the cold update exclu
 
 from realm_tf.binaries import cli
 from realm_tf.data import block_store
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
+from realm_tf.retrieval.publication import updates
 
 flags.DEFINE_integer("num_blocks", 100_000, "Blocks in the corpus.")
 flags.DEFINE_float("fraction", 0.01, "Fraction of the corpus each update adds.")
@@ -111,7 +112,7 @@ def main(argv):
   start = time.time()
   warm = updater.upsert(updates.read_documents(second))
   warm_seconds = time.time() - start
-  updated = mips_index.load_index(warm.index)
+  updated = index_io.load_index(warm.index)
   print(f"update (cold) {len(cold.added)} blocks: {cold_seconds:.2f} s {cold.seconds}")
   print(f"update (warm) {len(warm.added)} blocks: {warm_seconds:.2f} s {warm.seconds}; "
         f"maintenance: {warm.maintenance}", flush=True)
@@ -121,7 +122,7 @@ def main(argv):
   build = refresher.Refresher(model, blocks, index, options)
   rebuilt_path = build.build(refresher.find_checkpoint(model))
   rebuild_seconds = time.time() - start
-  rebuilt = mips_index.load_index(rebuilt_path, load_embeddings=True)
+  rebuilt = index_io.load_index(rebuilt_path, load_embeddings=True)
   table = np.asarray(rebuilt.embeddings)
   live = np.setdiff1d(np.arange(len(table)), rebuilt.deleted)
   queries = build.sample_queries(FLAGS.queries)

@@ -62,7 +62,7 @@ from realm_tf.data import manifests
 from realm_tf.modeling import models
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import refresher
 from realm_tf.tasks import openqa as openqa_task
 from realm_tf.tokenization import RealmTokenizer
 from realm_tf.tokenization import load_vocab

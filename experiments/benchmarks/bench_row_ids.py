@@ -21,8 +21,8 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import scann_index
+from realm_tf.retrieval.index import scann_index
+from realm_tf.retrieval.publication import index_io
 
 flags.DEFINE_integer("num_blocks", 13_300_000, "Points in the searcher.")
 flags.DEFINE_integer("dim", 4, "Their dimension (small: the ids are what is measured).")
@@ -72,7 +72,7 @@ def main(unused_argv):
   got = index.search(query, 10)[0][0]
   with tempfile.TemporaryDirectory() as tmp:
     index.save(tmp)
-    reloaded = mips_index.load_index(tmp)
+    reloaded = index_io.load_index(tmp)
     same = np.array_equal(reloaded.search(query, 10)[0][0], got)
     on_disk = os.path.getsize(os.path.join(tmp, scann_index.SCANN_DIR,
                                            scann_index.ROW_IDS_NAME))

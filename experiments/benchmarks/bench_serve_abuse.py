@@ -44,9 +44,9 @@ import numpy as np
 from experiments.benchmarks import bench_serve_load as load
 from realm_tf.binaries import cli
 from realm_tf.data import block_store
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import testing
 
 flags.DEFINE_integer("chunked_mib", 16, "Size of each chunked body, MiB (the limit is 1 MiB).")
 

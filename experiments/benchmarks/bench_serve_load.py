@@ -38,8 +38,8 @@ from absl import flags
 import numpy as np
 
 from realm_tf.binaries import cli
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import testing
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import testing
 
 flags.DEFINE_integer("num_blocks", 2000, "Blocks in the corpus.")
 flags.DEFINE_list("concurrency", ["1", "8", "32"], "Client threads, one run each.")

@@ -1,5 +1,5 @@
-r"""Benchmark: the index's BM25 part (``retrieval/sparse_index.py``) at scale: build time, peak
-memory, bytes per block on disk and in memory once loaded, and query latency.
+r"""Benchmark: the index's BM25 part (``retrieval/sparse/sparse_index.py``) at scale: build
+time, peak memory, bytes per block on disk and in memory once loaded, and query latency.
 
     nice python -m experiments.benchmarks.bench_sparse_index                    # 10^4, 10^5
     nice python -m experiments.benchmarks.bench_sparse_index --num_blocks=1e6   # ~10 min
@@ -75,7 +75,7 @@ def _texts(n: int, words_per_block: int, vocab_size: int, seed: int, chunk: int 
 
 def build_one(n: int, path: str, values) -> dict:
   """Builds and saves the index of ``n`` blocks in ``path``: its build figures."""
-  from realm_tf.retrieval import sparse_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.sparse import sparse_index  # pylint: disable=g-import-not-at-top
   text_bytes = [0]
 
   def counted():
@@ -97,7 +97,7 @@ def build_one(n: int, path: str, values) -> dict:
 
 def load_one(n: int, path: str, values) -> dict:
   """Loads the saved index (a fresh process: no memory of the build) and times queries."""
-  from realm_tf.retrieval import sparse_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.sparse import sparse_index  # pylint: disable=g-import-not-at-top
   queries = list(_texts(values.num_queries, 8, values.vocab_size, values.seed + 1))
   anon = _status("RssAnon")
   loaded = sparse_index.SparseIndex.load(path)

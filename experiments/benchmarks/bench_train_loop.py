@@ -29,7 +29,7 @@ from realm_tf import configs
 from realm_tf import train_lib
 from realm_tf import tasks  # noqa: F401  pylint: disable=unused-import
 from realm_tf.binaries import cli
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import refresher
 from realm_tf.tokenization import load_vocab
 
 flags.DEFINE_integer("steps", 100, "Training steps per run.")

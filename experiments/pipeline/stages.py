@@ -56,10 +56,10 @@ from realm_tf import train_lib
 from realm_tf.data import manifests
 from realm_tf.data import qa as qa_lib
 from realm_tf.openqa import inputs
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.sparse import hybrid
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
@@ -524,13 +524,13 @@ def build_index(model_dir: str, blocks_dir: str, index_dir: str, embeddings=None
 
 def retriever_recall(tower_dir: str, index_dir: str, blocks_dir: str, qa_file: str,
                      k: int = 5) -> Dict[str, float]:
-  """Zero-shot recall@k of each retriever a user can choose (``retrieval.hybrid``: dense,
+  """Zero-shot recall@k of each retriever a user can choose (``retrieval.sparse.hybrid``: dense,
   bm25, hybrid) on ``qa_file``'s questions: a top-k block body holds an answer (ORQA's
   HasAnswer), over the index ``index_dir`` publishes (its BM25 part for bm25 and hybrid), the
   questions embedded by ``tower_dir``'s query tower."""
   records, _ = qa_lib.read_qa(qa_file)
   bodies = [b["body"] for b in manifests.read_blocks(blocks_dir)]
-  index = mips_index.load_index(publish.read_latest(index_dir))
+  index = index_io.load_index(publish.read_latest(index_dir))
   questions = [r.question for r in records]
   embeddings = embedder_api.Embedder.load(tower_dir).embed_queries(questions)
   out = {}

@@ -18,7 +18,7 @@ from experiments.pipeline.common import proportion
 from experiments.real_text import text_realm
 from experiments.real_text import text_stages as ts
 from realm_tf.data import manifests
-from realm_tf.retrieval import hybrid
+from realm_tf.retrieval.sparse import hybrid
 
 RealTextError, TOP_K = ts.RealTextError, ts.TOP_K
 STAGE_NAMES = ("corpus", "spans", "questions", "bm25", "convert", "minilm", "ict_examples",
@@ -201,7 +201,7 @@ def write_hybrid_results(results: str, stages: Dict[str, Dict], rows: Sequence[D
   row = next(r for r in rows if r["key"] == "hybrid")
   lines = [
       "# Hybrid retrieval on real text: BM25 and the ICT tower fused", "",
-      f"Rule (`realm_tf/retrieval/hybrid.py`, recorded in each index's manifest): "
+      f"Rule (`realm_tf/retrieval/sparse/hybrid.py`, recorded in each index's manifest): "
       f"{fusion['rule']}, BM25 weight {fusion['bm25_weight']}, over each retriever's top "
       f"{fusion['depth']}. Chosen on the {h['dev_questions']} dev questions (recall@k; the "
       "test questions were scored once, with the chosen rule):", "",

@@ -54,7 +54,7 @@ from realm_tf.data import loaders
 from realm_tf.data import manifests
 from realm_tf.modeling import factory
 from realm_tf.modeling.models import read_candidates
-from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.tasks import candidates as candidates_lib
 from realm_tf.tokenization import RealmTokenizer
 
 PRETRAIN_DIR = "pretrain"

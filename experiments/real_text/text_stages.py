@@ -43,11 +43,11 @@ from realm_tf.data import qa
 from realm_tf.openqa import evaluation
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import brute_force
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.index import brute_force
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import hybrid
+from realm_tf.retrieval.sparse import sparse_index
 
 TOP_K = (1, 5, 20)
 LEARNING_RATE = "trainer.optimizer_config.learning_rate.polynomial"
@@ -446,7 +446,7 @@ HYBRID_WEIGHTS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9)   # BM25 weights of the dev tabl
 
 
 def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
-  """The hybrid retriever's recall (``retrieval.hybrid``: BM25's and the ICT tower's top 20
+  """The hybrid retriever's recall (``retrieval.sparse.hybrid``: BM25's and the ICT tower's top 20
   fused by the library's rule, ``hybrid.FUSION``) on the test questions, into ``hybrid/``;
   with the dev questions' table of BM25 weights that chose the rule (experiments/NOTES.md,
   section 31). The ICT lists are the ICT row's (checked), from its index's embeddings."""
@@ -455,7 +455,7 @@ def run_hybrid(work: str, max_questions: int, batch_size: int) -> Dict:
   bodies = [b["body"] for b in blocks]
   texts = [sparse_index.block_text(b["title"], b["body"]) for b in blocks]
   index_dir = os.path.join(work, "ict_index")
-  index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
+  index = index_io.load_index(publish.read_latest(index_dir), load_embeddings=True)
   dense = brute_force.BruteForceIndex(np.asarray(index.embeddings[np.arange(len(blocks))]))
   tower = TowerPass(os.path.join(work, "ict_model"))
   length = model_dir_lib.load_config(
@@ -730,7 +730,7 @@ def sparse_index_dir(work: str) -> str:
   the same embeddings published again with one (the run's ICT index may predate the indexes'
   BM25 parts)."""
   index_dir = os.path.join(work, "ict_index")
-  index = mips_index.load_index(publish.read_latest(index_dir), load_embeddings=True)
+  index = index_io.load_index(publish.read_latest(index_dir), load_embeddings=True)
   if index.sparse is None:
     index_dir = os.path.join(work, "ict_index_sparse")
     if publish.read_latest(index_dir) is None:

@@ -21,7 +21,7 @@ r"""realm-index: build a MIPS index over a corpus once, and search it from the c
     realm-index build --model_dir=converted/orqa --blocks_dir=data/released_blocks \
         --index_dir=idx [--embeddings_file=converted/orqa/block_emb.npy]
 
-    # Updates, by uid or title, never by row (realm_tf/retrieval/updates.py): only the new
+    # Updates, by uid or title, never by row (retrieval/publication/updates.py): only the new
     # blocks are embedded, with the block tower the index records; a new step-N-uK publishes.
     realm-index upsert --index_dir=idx --input=docs.jsonl      # {"title", "text"} per line
     realm-index upsert --index_dir=idx --new_blocks_dir=more/blocks   # data_prep.blocks' output
@@ -47,12 +47,12 @@ from realm_tf.binaries import index_flags
 from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.data import released
-from realm_tf.retrieval import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import search as search_lib
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import search as search_lib
+from realm_tf.retrieval.publication import updates
 
 flags.DEFINE_string("model_dir", None, "A model directory (model_config.yaml, vocab, ckpt-N).")
 flags.DEFINE_string("checkpoint", None, "A checkpoint in --model_dir (default: the newest).")

@@ -11,7 +11,7 @@ from absl import flags
 from official.modeling import hyperparams
 
 from realm_tf import configs
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import refresher
 
 # Flags whose value 0 (or nan) means "not set": chosen by size, or tuned.
 _ZERO_IS_NONE = ("num_leaves", "num_leaves_to_search", "reordering_num_neighbors",

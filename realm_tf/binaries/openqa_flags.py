@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from realm_tf import model_dir as model_dir_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import hybrid
+from realm_tf.retrieval.sparse import hybrid
 
 
 def define_model_flags(reader_beam_help: str = "Blocks read per question.") -> None:
@@ -33,7 +33,7 @@ def define_retrieval_flags(retriever_beam_size: Optional[int], retriever_beam_he
                        lower_bound=1)
   flags.DEFINE_enum("retriever", hybrid.DEFAULT, hybrid.RETRIEVERS,
                     "The blocks read: the dense index's top, BM25's (the index's sparse part) "
-                    "or both fused by the index's rule (realm_tf/retrieval/hybrid.py).")
+                    "or both fused by the index's rule (realm_tf/retrieval/sparse/hybrid.py).")
 
 
 def check_model_dir(values: Dict, hint: str = "") -> None:

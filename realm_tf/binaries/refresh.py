@@ -14,7 +14,7 @@ from absl import flags
 from realm_tf.binaries import cli
 from realm_tf.binaries import index_flags
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import refresher
 
 flags.DEFINE_string("model_dir", None, "The trainer's model directory.")
 flags.DEFINE_string("index_dir", None, "Where to publish indexes (step-<N>/ and LATEST).")

@@ -1,6 +1,6 @@
 """Articles -> blocks: the per-article rules of the blocks pipeline (``python -m
-data_prep.blocks``) and of ``realm-index upsert`` (``realm_tf/retrieval/updates.py``), one code
-for both.
+data_prep.blocks``) and of ``realm-index upsert`` (``realm_tf/retrieval/publication/updates.py``),
+one code for both.
 
 They live in the library so that it never depends on the data-prep package (which imports
 these; the reverse never happens). No Beam here. The text is split into sentences

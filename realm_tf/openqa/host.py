@@ -21,9 +21,9 @@ from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.publication import publish
 from realm_tf.tokenization import RealmTokenizer
 
 # The features the model reads (of ``inputs.FEATURES``).

@@ -34,7 +34,7 @@ from realm_tf import configs
 from realm_tf import errors
 from realm_tf.data import answers as answers_lib
 from realm_tf.data import qa as qa_lib
-from realm_tf.retrieval import hybrid
+from realm_tf.retrieval.sparse import hybrid
 
 FEATURES = ("question_word_ids", "question_mask", "question_type_ids", "beam_ids", "beam_emb",
             "retriever_correct", "reader_word_ids", "reader_mask", "reader_type_ids",
@@ -244,7 +244,7 @@ class OpenQaInputBuilder:
       ``trainable_blocks`` of each beam then also get ``beam_block_*`` features, their
       block-tower inputs at ``block_seq_length``, gathered per batch.
     handle: the ``IndexHandle`` that ``search`` goes through, for ``maybe_swap``.
-    retriever: how the beam is retrieved (``retrieval.hybrid``): ``dense`` (``search``),
+    retriever: how the beam is retrieved (``retrieval.sparse.hybrid``): ``dense`` (``search``),
       ``bm25`` or ``hybrid`` (these two through ``handle``'s index's sparse part).
     block_prior: how the reader weighs the blocks of a ``bm25`` or ``hybrid`` beam against
       each other (``hybrid.BLOCK_PRIORS``; default: the index's fusion rule's). ``retriever``

@@ -12,7 +12,7 @@ Example::
 The model and the index load once; ``answer`` takes a batch. The predicted answer is the best
 span over every span of every read block (span score plus the block's retriever score, as
 ORQA predicts; the blocks of a ``bm25`` or ``hybrid`` beam add their BM25 or fused score instead:
-``retrieval.hybrid``), cut out of the block's own text by character offsets, in whole words
+``retrieval.sparse.hybrid``), cut out of the block's own text by character offsets, in whole words
 (:func:`answer_chars`: the one rule of every answering path, ``realm-answer``, ``realm-eval``,
 ``realm-serve`` and the training task's validation).
 """
@@ -34,7 +34,7 @@ from realm_tf.openqa import inputs as inputs_lib
 @dataclasses.dataclass
 class Evidence:
   """One block read for a question; ``dense_rank`` and ``bm25_rank``: its place (from 0) in
-  the dense and the BM25 top list, -1 when not there (``retrieval.hybrid``)."""
+  the dense and the BM25 top list, -1 when not there (``retrieval.sparse.hybrid``)."""
   block_id: int
   title: str
   text: str
@@ -141,7 +141,7 @@ class OpenQA:
     reader_beam_size: blocks read per question (ORQA: 5).
     retriever_beam_size: blocks retrieved per question, at most the corpus (default: the
       reader beam; more only for ``top_k_match`` in evaluation).
-    retriever: ``dense``, ``bm25`` or ``hybrid`` (``retrieval.hybrid``).
+    retriever: ``dense``, ``bm25`` or ``hybrid`` (``retrieval.sparse.hybrid``).
     block_prior: what a read block adds to its span scores, for ``bm25`` and ``hybrid``
       (``inputs.OpenQaInputBuilder``'s; default: the index's fusion rule's); ``dense`` blocks
       add the query tower's logit for them.

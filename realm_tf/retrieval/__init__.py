@@ -1,20 +1,26 @@
-"""The retrieval side of REALM: corpus embedding, MIPS indexes, publishing and refreshing.
+"""The retrieval side of REALM: MIPS indexes, BM25, publishing and refreshing.
 
-* ``corpus_embedding``: embed a blocks directory with a block tower (``embed_corpus``), shard
-  and merge.
-* ``mips_index``: ``MipsIndex`` with ``ScannIndex`` and ``BruteForceIndex``; ``load_index``
-  (the parts: ``index_base``, ``brute_force``, ``scann_settings``, ``scann_index``,
-  ``index_tuning``).
-* ``publish``: the ``index_dir/step-<N>`` + ``LATEST`` contract.
-* ``handle``: ``IndexHandle``, the reader side for trainers and evaluation.
-* ``refresher``: ``refresh_loop`` and ``build_index_for_checkpoint`` (``realm-refresh``).
-* ``updates``: documents added to and deleted from a corpus and its index (``realm-index
-  upsert|delete``, ``realm-serve``'s ``/documents``).
-* ``search``: ``TextSearcher``, query text to top-k blocks (``realm-index search``).
+* ``index/``: the dense MIPS index: ``MipsIndex`` with ``ScannIndex``, ``BruteForceIndex`` and
+  ``ShardedIndex``, ``build_index`` (``index.mips_index``; the parts: ``index.base``,
+  ``index.brute_force``, ``index.scann_index``, ``index.tuning``, ``index.sharded_index``).
+  It knows nothing of BM25: a sparse part is a companion part behind ``index.base``'s
+  protocol.
+* ``sparse/``: BM25 (``sparse.sparse_index``) and its fusion with the dense index
+  (``sparse.hybrid``).
+* ``publication/``: corpus embedding (``publication.corpus_embedding``), the
+  ``index_dir/step-<N>`` + ``LATEST`` contract (``publication.publish``), ``load_index`` of a
+  published directory, dense and sparse parts (``publication.index_io``), the refresher
+  (``publication.refresher``, ``realm-refresh``), ``IndexHandle`` (``publication.handle``),
+  ``TextSearcher`` (``publication.search``), document updates (``publication.updates``,
+  ``realm-index upsert|delete``, ``realm-serve``'s ``/documents``) and the tests' tiny models
+  (``publication.testing``).
+* ``errors``: the retrieval errors.
 
-The blocks directory itself is ``realm_tf.data.manifests``'. The names below are imported on
-first use, so that importing one light module (``scann_settings``, for ``realm_tf.configs``)
-does not import the others.
+Elsewhere: ScaNN's settings are ``realm_tf.scann_settings`` (imported by ``realm_tf.configs``,
+which imports nothing of this package); the candidates REALM's training reads are
+``realm_tf.tasks.candidates`` (host) and ``realm_tf.tasks.device_retrieval`` (replicas). The
+blocks directory itself is ``realm_tf.data.manifests``'. The names below are imported on first
+use, so that importing this package imports none of its modules.
 """
 
 import importlib
@@ -23,9 +29,10 @@ _EXPORTS = {
     "errors": ("CheckpointNotFoundError", "CorpusFormatError", "DimensionMismatchError",
                "EmptyCorpusError", "FingerprintMismatchError", "IndexFormatError",
                "IndexNotReadyError", "RetrievalError"),
-    "handle": ("IndexHandle",),
-    "mips_index": ("BruteForceIndex", "MipsIndex", "ScannIndex", "ScannSettings",
-                   "build_index", "load_index", "measure_recall", "recall_at_k"),
+    "publication.handle": ("IndexHandle",),
+    "publication.index_io": ("load_index",),
+    "index.mips_index": ("BruteForceIndex", "MipsIndex", "ScannIndex", "ScannSettings",
+                         "build_index", "measure_recall", "recall_at_k"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -56,7 +56,7 @@ import uvicorn
 from realm_tf import errors as project_errors
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.publication import updates
 from realm_tf.serving import service as service_lib
 
 _STRICT = pydantic.ConfigDict(extra="forbid", strict=True)

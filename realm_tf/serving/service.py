@@ -51,11 +51,11 @@ from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
 from realm_tf.retrieval import errors as retrieval_errors
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
-from realm_tf.retrieval import updates
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
+from realm_tf.retrieval.publication import updates
+from realm_tf.retrieval.sparse import hybrid
 
 
 class Overloaded(errors.RealmError, RuntimeError):

@@ -24,8 +24,8 @@ device needs nothing of the corpus. Which blocks hold an answer is a text test
 why the beam is built on the host rather than by a device-side top-k.
 
 A trainable block tower (``trainable_blocks`` N > 0; the limitation the paper lists, and a
-row of ``experiments/tables.py``): the model gets its own block tower, started from the one
-that built the index; the host adds the top N beam blocks' block-tower inputs
+row of ``experiments/synthetic/tables.py``): the model gets its own block tower, started from
+the one that built the index; the host adds the top N beam blocks' block-tower inputs
 ``beam_block_*`` ``[b, N, Lb]``, the device embeds them with the current block tower (so the
 retriever loss trains it; the rest of the beam keeps the index's embeddings), and
 ``realm-refresh`` on this model directory re-embeds the corpus while fine-tuning goes on. The
@@ -67,8 +67,8 @@ from realm_tf.modeling.models import OpenQaModel
 from realm_tf.openqa import host
 from realm_tf.openqa import inputs as inputs_lib
 from realm_tf.openqa import predict
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import hybrid
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.sparse import hybrid
 from realm_tf.tasks import base
 
 PREDICTION_KEYS = ("question_index", "predicted_block", "predicted_start", "predicted_end")

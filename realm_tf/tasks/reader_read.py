@@ -40,7 +40,7 @@ from realm_tf.data import manifests
 from realm_tf.modeling import losses
 from realm_tf.tasks import base
 from realm_tf.modeling.models import ReaderModel, read_candidates
-from realm_tf.retrieval import candidates as candidates_lib
+from realm_tf.tasks import candidates as candidates_lib
 from realm_tf.tokenization import RealmTokenizer
 
 _CHUNK = 1024     # queries per chunk of lexical_scores

@@ -53,12 +53,12 @@ from realm_tf.modeling import embedder as embedder_lib
 from realm_tf.modeling import losses
 from realm_tf.modeling.models import RealmPretrainer
 from realm_tf.openqa import inputs as openqa_inputs
-from realm_tf.retrieval import candidates as candidates_lib
-from realm_tf.retrieval import corpus_embedding
-from realm_tf.retrieval import device_retrieval
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval.handle import IndexHandle
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import corpus_embedding
+from realm_tf.retrieval.publication.handle import IndexHandle
 from realm_tf.tasks import base
+from realm_tf.tasks import candidates as candidates_lib
+from realm_tf.tasks import device_retrieval
 from realm_tf.tokenization import RealmTokenizer
 
 DEVICE_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "candidate_word_ids",

@@ -8,20 +8,24 @@ returned again. ``search(queries, k)`` returns ``(block_ids int64 [b, k], scores
 
 Saved artifacts (``MipsIndex.save``): ``embeddings.npy`` (float32 ``[num_blocks, dim]``, every
 row, deleted ones included), ``deleted.npy`` (int64 rows, when any), ``sparse/`` (when the
-index has a BM25 part over the same rows: ``sparse_index``) and ``manifest.json``, written
-last.
+index has a companion part over the same rows, :class:`CompanionPart`) and ``manifest.json``,
+written last: the one commit point of both.
+
+**Companion part.** ``MipsIndex.sparse`` may hold a part kept in step with the dense rows (the
+BM25 part, ``realm_tf.retrieval.sparse.sparse_index``): append and delete pass it the same rows,
+and ``save`` writes it under ``sparse/`` and its :meth:`CompanionPart.manifest_entry` as the
+manifest's ``sparse`` entry, before the manifest. This package only knows the protocol: loading
+an index directory with its part is ``realm_tf.retrieval.publication.index_io``'s.
 """
 
 import abc
 import json
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import hybrid
-from realm_tf.retrieval import sparse_index
 
 MANIFEST_NAME = "manifest.json"
 EMBEDDINGS_NAME = "embeddings.npy"
@@ -139,6 +143,25 @@ class RowTable:
     return out
 
 
+class CompanionPart(Protocol):
+  """A part of an index directory over the same rows as the dense index, saved with it."""
+
+  def add(self, rows: Sequence[int], texts: Sequence[str]) -> None:
+    """Takes in the appended ``rows`` (new, in order), given their blocks' ``texts``."""
+
+  def delete(self, rows: Sequence[int]) -> None:
+    """Stops returning the live ``rows``."""
+
+  def merged(self) -> "CompanionPart":
+    """The same part compacted (its deleted rows' data dropped), for a rebuilt index."""
+
+  def save(self, path: str) -> None:
+    """Writes the part into the directory ``path`` (each file through a temporary name)."""
+
+  def manifest_entry(self) -> Dict[str, Any]:
+    """What the index's manifest records of the part (JSON-able)."""
+
+
 class MipsIndex(abc.ABC):
   """Maximum inner product search over ``num_blocks`` rows of dimension ``dim``, of which the
   rows in ``deleted`` (sorted int64) are never returned."""
@@ -151,8 +174,8 @@ class MipsIndex(abc.ABC):
     self.deleted = np.unique(np.asarray([] if deleted is None else deleted, np.int64))
     self.build_seconds: Optional[float] = None
     self.manifest: Optional[dict] = None
-    # BM25 over the same rows (its rows and deletions kept in step by append and delete).
-    self.sparse: Optional[sparse_index.SparseIndex] = None
+    # A companion part over the same rows (BM25), kept in step by append and delete.
+    self.sparse: Optional[CompanionPart] = None
 
   @property
   def num_live(self) -> int:
@@ -181,8 +204,8 @@ class MipsIndex(abc.ABC):
 
   def append(self, embeddings: np.ndarray, texts: Optional[Sequence[str]] = None) -> np.ndarray:
     """Adds blocks as the next rows; returns their ids (``num_blocks ..`` before the call).
-    ``texts``: the blocks' texts (``sparse_index.block_text``), when the index has a sparse
-    part, which indexes them as the same rows."""
+    ``texts``: the blocks' texts, when the index has a sparse part, which takes them in as the
+    same rows."""
     embeddings = check_embeddings(embeddings)
     if embeddings.shape[1] != self.dim:
       raise errors.DimensionMismatchError(
@@ -229,7 +252,7 @@ class MipsIndex(abc.ABC):
     manifest.pop("sparse", None)
     if self.sparse is not None:
       self.sparse.save(os.path.join(directory, SPARSE_DIR))
-      manifest["sparse"] = dict(self.sparse.summary(), fusion=hybrid.FUSION)
+      manifest["sparse"] = self.sparse.manifest_entry()
     if self.build_seconds is not None:
       manifest.setdefault("index_build_seconds", round(self.build_seconds, 3))
     atomic_write_json(os.path.join(directory, MANIFEST_NAME), manifest)
@@ -284,19 +307,3 @@ def load_deleted(directory: str, manifest: dict) -> np.ndarray:
                                   f"{expected}")
   return deleted.astype(np.int64)
 
-
-def load_sparse(directory: str, manifest: dict, deleted: np.ndarray
-                ) -> Optional[sparse_index.SparseIndex]:
-  """The sparse part of a saved index (``sparse/``, when its manifest names one), checked to
-  cover the same rows and deletions as the dense part."""
-  if not manifest.get("sparse"):
-    return None
-  path = os.path.join(directory, SPARSE_DIR)
-  sparse = sparse_index.SparseIndex.load(path)
-  live = np.ones(int(manifest["num_blocks"]), bool)
-  live[deleted] = False
-  if sparse.num_rows != len(live) or not np.array_equal(sparse.live, live):
-    raise errors.IndexFormatError(
-        f"{path}: its {sparse.num_rows} rows ({sparse.num_live} live) are not the dense "
-        f"index's {len(live)} ({int(live.sum())} live): rebuild the index")
-  return sparse

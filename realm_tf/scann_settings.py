@@ -11,7 +11,7 @@
   store a second set of codes per block, over the memory budget (``soar_lambda`` turns it on).
 
 How many leaves to search and how many candidates to rescore are tuned after building to a
-recall target (``target_recall``; ``index_tuning``). Every field can be overridden
+recall target (``target_recall``; ``retrieval.index.tuning``). Every field can be overridden
 (``ScannSettings(num_leaves=..., ...)``, ``IndexConfig.scann`` in YAML, or the binaries'
 flags): ``ScannSettings`` is a Model Garden config, so it round-trips through YAML and refuses
 unknown keys. This module does not import ScaNN.

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from realm_tf.retrieval import index_base
+from realm_tf.retrieval.index import base as index_base
 
 
 class BruteForceIndex(index_base.MipsIndex):

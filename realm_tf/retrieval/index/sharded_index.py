@@ -52,12 +52,12 @@ from typing import Any, Dict, List, Optional, Sequence
 from absl import logging
 import numpy as np
 
-from realm_tf.retrieval import brute_force
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval.scann_index import ScannIndex
-from realm_tf.retrieval.scann_settings import ScannSettings
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import brute_force
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.index.scann_index import ScannIndex
+from realm_tf.scann_settings import ScannSettings
 
 SHARDS_DIR = "shards"
 INDEX_TYPE = "scann_sharded"

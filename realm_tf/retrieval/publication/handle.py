@@ -35,8 +35,9 @@ from absl import logging
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
 
 # Errors that mean "this index will never fit": raised to the caller, not retried (a refused
 # pickle too: its message names the file and the rebuild, where a retry would end in "no index
@@ -143,7 +144,7 @@ class IndexHandle:
   def _load(self, path: str) -> _Loaded:
     # The embeddings are memory-mapped at load (not read): the mapping stays valid if the
     # directory is pruned while this index is still in use.
-    return _Loaded(path, mips_index.load_index(path, expected_dim=self.expected_dim,
+    return _Loaded(path, index_io.load_index(path, expected_dim=self.expected_dim,
                                                expected_fingerprint=self.expected_fingerprint,
                                                load_embeddings=True))
 

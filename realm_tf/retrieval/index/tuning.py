@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from absl import logging
 import numpy as np
 
-from realm_tf.retrieval import brute_force
-from realm_tf.retrieval import index_base
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import brute_force
 
 # Candidate reordering depths the tuning tries (those within [k, max]; the max always).
 DEPTH_CANDIDATES = (100, 300, 1000)  # Depths whose fewest leaves are timed against each other.

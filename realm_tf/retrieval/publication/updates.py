@@ -62,9 +62,10 @@ from realm_tf.data import corpus_updates
 from realm_tf.data import features
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.publication import refresher
 
 # Manifest entries of a build that describe its index, not the update made on top of it.
 _PER_INDEX = ("format", "index_type", "num_blocks", "num_deleted", "dim", "settings",
@@ -298,7 +299,7 @@ class Updater:
     return published, changes
 
   def _catch_up_and_publish(self, tower, path: str, manifest: Dict, corpus: Dict):
-    index = mips_index.load_index(path, load_embeddings=True)
+    index = index_io.load_index(path, load_embeddings=True)
     index, corpus, changes = tower.catch_up(index, corpus)
     publish.testonly_crash_point("embedding")
     metadata = {k: v for k, v in manifest.items() if k not in _PER_INDEX}

@@ -56,7 +56,7 @@ import tensorflow as tf
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import mips_index
+from realm_tf.retrieval.index import mips_index
 
 LATEST_NAME = "LATEST"
 PUBLICATION_NAME = "PUBLICATION"

@@ -31,6 +31,7 @@ import bm25s
 import numpy as np
 
 from realm_tf.retrieval import errors
+from realm_tf.retrieval.sparse import hybrid
 
 FORMAT = "realm_tf.sparse_index/1"
 SETTINGS = {"scoring": "bm25s lucene", "k1": 1.5, "b": 0.75, "stopwords": "en",
@@ -219,6 +220,11 @@ class SparseIndex:
     """What a manifest records of it."""
     return {"format": FORMAT, "settings": SETTINGS, "num_rows": self.num_rows,
             "num_live": self.num_live, "segments": len(self.segments)}
+
+  def manifest_entry(self) -> Dict:
+    """What the dense index's manifest records of it, as its ``sparse`` part: the
+    :meth:`summary` and the fusion rule answering will use (``hybrid.FUSION``)."""
+    return dict(self.summary(), fusion=hybrid.FUSION)
 
   def save(self, path: str) -> None:
     """Writes ``path/``: ``sparse.json`` (:meth:`summary` and the vocabulary), last, and

@@ -43,12 +43,13 @@ from realm_tf import modeling
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
-from realm_tf.retrieval import corpus_embedding
+from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import mips_index
-from realm_tf.retrieval import publish
-from realm_tf.retrieval import sparse_index
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import index_io
+from realm_tf.retrieval.publication import publish
+from realm_tf.retrieval.sparse import sparse_index
 
 RECALL_K = 10
 
@@ -298,7 +299,7 @@ class Refresher:
       published = index_base.read_manifest(path)
       if (published.get("sparse") and
           published.get("corpus_fingerprint") == manifest["fingerprint"]):
-        return index_base.load_sparse(path, published,
+        return index_io.load_sparse(path, published,
                                       index_base.load_deleted(path, published))
     store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
     sparse = sparse_index.SparseIndex.build(sparse_index.store_texts(store, range(len(store))))

@@ -63,9 +63,9 @@ from absl import logging
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval.scann_settings import ScannSettings
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.scann_settings import ScannSettings
 
 SCANN_DIR = "scann"
 ROW_IDS_NAME = "row_ids.npy"  # In SCANN_DIR: ScaNN's point -> row, int64.

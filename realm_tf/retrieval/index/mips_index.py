@@ -2,20 +2,22 @@
 
 The public face of the indexes; the parts live in
 
-* ``index_base``: the ``MipsIndex`` interface (``search``, ``append``, ``delete``, ``save``),
+* ``base``: the ``MipsIndex`` interface (``search``, ``append``, ``delete``, ``save``),
   the artifacts' names, ``read_manifest``, ``RowTable``;
 * ``brute_force``: ``BruteForceIndex``, exact;
-* ``scann_settings``: ``ScannSettings``, ScaNN's settings by corpus size;
+* ``realm_tf.scann_settings``: ``ScannSettings``, ScaNN's settings by corpus size;
 * ``scann_index``: ``ScannIndex``, the only module that imports ``scann``;
-* ``index_tuning``: recall against exact search and the build-time tuning;
+* ``tuning``: recall against exact search and the build-time tuning;
 * ``sharded_index``: ``ShardedIndex``, ScaNN in shards for corpora whose build would exceed
   ``ScannSettings.build_memory_gib``.
 
 ``search(queries, k)`` returns ``(block_ids int64 [b, k], scores float32 [b, k])`` sorted by
 decreasing score, where a block id is the row of the embedding table (= ``block_id`` of the
 corpus). ``save(dir)`` writes the artifacts, ``embeddings.npy`` and ``manifest.json`` (last);
-``load_index(dir, expected_dim=..., expected_fingerprint=...)`` reads them back and refuses an
-index that does not fit.
+``load_dense_index(dir, expected_dim=..., expected_fingerprint=...)`` reads the dense index
+back and refuses an index that does not fit. A published directory may also hold a sparse
+part: callers load it with ``realm_tf.retrieval.publication.index_io.load_index``, which
+adds it.
 
 **Build-time recall target.** How many leaves to search and how many candidates to rescore
 (``R``) are not fixed fractions: after building, the index measures its recall@10 against
@@ -43,20 +45,20 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from realm_tf.retrieval import errors
-from realm_tf.retrieval import index_base
-from realm_tf.retrieval import index_tuning
-from realm_tf.retrieval import sharded_index
-from realm_tf.retrieval.brute_force import BruteForceIndex
-from realm_tf.retrieval.index_base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
+from realm_tf.retrieval.index import base as index_base
+from realm_tf.retrieval.index import sharded_index
+from realm_tf.retrieval.index import tuning as index_tuning
+from realm_tf.retrieval.index.brute_force import BruteForceIndex
+from realm_tf.retrieval.index.base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
                                            MANIFEST_NAME, MipsIndex, RowTable, read_manifest)
-from realm_tf.retrieval.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
-from realm_tf.retrieval.scann_settings import ScannSettings
-from realm_tf.retrieval.sharded_index import ShardedIndex
+from realm_tf.retrieval.index.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
+from realm_tf.retrieval.index.sharded_index import ShardedIndex
+from realm_tf.scann_settings import ScannSettings
 
 __all__ = ["BruteForceIndex", "DELETED_NAME", "EMBEDDINGS_NAME", "FORMAT", "MANIFEST_NAME",
            "MipsIndex", "RowTable", "SCANN_DIR", "ScannIndex", "ScannSettings", "ShardedIndex",
            "build_index",
-           "check_manifest", "load_index", "measure_recall", "read_manifest", "recall_at_k",
+           "check_manifest", "load_dense_index", "measure_recall", "read_manifest", "recall_at_k",
            "searcher_bytes"]
 
 
@@ -112,10 +114,12 @@ def check_manifest(manifest: dict, directory: str, expected_dim: Optional[int] =
       "the index from this blocks directory (realm-index build / realm-refresh)")
 
 
-def load_index(directory: str, expected_dim: Optional[int] = None,
-               expected_fingerprint: Union[None, str, Sequence[str]] = None,
-               load_embeddings: bool = False) -> MipsIndex:
-  """Loads an index written by ``MipsIndex.save``; checks dimension and fingerprint first.
+def load_dense_index(directory: str, expected_dim: Optional[int] = None,
+                     expected_fingerprint: Union[None, str, Sequence[str]] = None,
+                     load_embeddings: bool = False) -> MipsIndex:
+  """Loads the dense index written by ``MipsIndex.save``, without its companion part
+  (``index.sparse`` is None: ``publication.index_io.load_index`` loads both); checks
+  dimension and fingerprint first.
 
   Args:
     directory: the index directory (e.g. ``index_dir/step-1200``).
@@ -140,7 +144,6 @@ def load_index(directory: str, expected_dim: Optional[int] = None,
   else:
     raise errors.IndexFormatError(f"{directory}: unknown index_type "
                                   f"{manifest['index_type']!r}")
-  index.sparse = index_base.load_sparse(directory, manifest, index.deleted)
   index.manifest = manifest
   return index
 

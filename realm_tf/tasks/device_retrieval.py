@@ -45,7 +45,7 @@ import tensorflow as tf
 from realm_tf import configs
 from realm_tf.data import block_store
 from realm_tf.data.loaders import InputError
-from realm_tf.retrieval import candidates
+from realm_tf.tasks import candidates
 
 # The host-side features of a batch in this mode (the rest are built in the step).
 HOST_FEATURES = ("query_word_ids", "query_mask", "query_type_ids", "mlm_positions", "mlm_ids",

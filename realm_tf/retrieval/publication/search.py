@@ -20,8 +20,8 @@ from realm_tf import tokenization
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
-from realm_tf.retrieval import handle as handle_lib
-from realm_tf.retrieval import refresher
+from realm_tf.retrieval.publication import handle as handle_lib
+from realm_tf.retrieval.publication import refresher
 
 
 class Hit(NamedTuple):
