@@ -9,9 +9,11 @@ Read from the source (the AST). **A read of flags** is any use of absl's ``FLAGS
 ``FLAGS`` or the attribute ``flags.FLAGS``): ``FLAGS.name``, ``FLAGS["name"]``,
 ``FLAGS.set_default(...)``, ``FLAGS(argv)``, ``name in FLAGS``, or ``FLAGS`` handed on as a value;
 the one exception is the module-level binding ``FLAGS = flags.FLAGS``. **A handler** is a
-function named ``main``, or a function a module registers with absl as its program or
-subcommand (passed by name to ``app.run``, ``cli.run_main`` or ``cli.run_subcommands``-style
-calls: any call whose function is named ``run``, ``run_main`` or ``run_subcommand(s)``).
+function named ``main``, a function a module registers with absl as its program (passed by name
+to a call of a function named ``run``, ``run_main`` or ``run_subcommand(s)``, as ``app.run`` and
+``cli.run_main``), or a binary's subcommand (a value of its module-level ``SUBCOMMANDS`` dict,
+as ``realm-index``'s). The rule holds for ``realm_tf/binaries/`` and ``data_prep`` too, but for
+``binaries/cli.py``, the frame that parses ``argv`` into the flags.
 Reads are allowed only inside a handler's body (functions nested in it included); a helper gets
 the parsed values as an argument (``recipe_flags.recipe(FLAGS)`` from ``main``, a ``values``
 parameter, or a dataclass built in ``main``).
@@ -157,7 +159,8 @@ def _is_flags(node: ast.AST) -> bool:
 
 
 def handlers(tree: ast.Module) -> Set[str]:
-  """The handlers' names: ``main``, and every function passed by name to a registrar."""
+  """The handlers' names: ``main``, every function passed by name to a registrar, and the values
+  of a module-level ``SUBCOMMANDS = {"name": function, ...}`` (a binary's subcommands)."""
   names = {"main"}
   for node in ast.walk(tree):
     if isinstance(node, ast.Call):
@@ -165,6 +168,10 @@ def handlers(tree: ast.Module) -> Set[str]:
       called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
       if called in HANDLER_REGISTRARS:
         names |= {a.id for a in node.args if isinstance(a, ast.Name)}
+  for node in tree.body:
+    if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+        and [getattr(t, "id", "") for t in node.targets] == ["SUBCOMMANDS"]):
+      names |= {v.id for v in node.value.values if isinstance(v, ast.Name)}
   return names
 
 
@@ -196,9 +203,23 @@ def flag_reads_outside_handlers(path: str) -> List[Tuple[int, str]]:
   return sorted(set(found))
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+def _command_line_modules():
+  """The modules with command lines beside ``experiments``': ``realm_tf/binaries/`` (but
+  ``cli.py``, the frame that parses ``argv`` into the flags for every handler) and ``data_prep``."""
+  out = {}
+  for package in ("realm_tf/binaries", "data_prep"):
+    for name in sorted(os.listdir(os.path.join(ROOT, package))):
+      if name.endswith(".py") and name not in ("__init__.py", "__main__.py", "cli.py"):
+        out[f"{package.replace('/', '.')}.{name[:-3]}"] = os.path.join(ROOT, package, name)
+  return out
+
+
+HANDLED = {**MODULES, **_command_line_modules()}
+
+
+@pytest.mark.parametrize("module", sorted(HANDLED))
 def test_only_a_handler_reads_flags(module):
-  reads = flag_reads_outside_handlers(MODULES[module])
+  reads = flag_reads_outside_handlers(HANDLED[module])
   assert not reads, (f"{module} reads flags outside main (or a registered handler): "
                      + ", ".join(f"line {line} in {where}" for line, where in reads)
                      + "; pass the parsed values down from main instead")
@@ -218,9 +239,16 @@ def test_the_handler_check_sees_a_read_outside_main(tmp_path):
       "def main(argv):\n  def nested():\n    return FLAGS.d\n"
       "  return helper(), nested(), FLAGS.e\n"
       "def other(argv):\n  return FLAGS.f\n"
+      "def sub():\n  return FLAGS.g\n"
+      "SUBCOMMANDS = {'sub': sub}\n"
       "if __name__ == '__main__':\n  app.run(other)\n")
   assert flag_reads_outside_handlers(str(planted)) == [
       (4, "<module>"), (6, "helper"), (9, "C.method"), (11, "passes_on")]
+  # A function named in a SUBCOMMANDS dict only inside a function is no subcommand.
+  planted.write_text("from absl import flags\nFLAGS = flags.FLAGS\n"
+                     "def sub():\n  return FLAGS.g\n"
+                     "def helper():\n  SUBCOMMANDS = {'sub': sub}\n  return SUBCOMMANDS\n")
+  assert flag_reads_outside_handlers(str(planted)) == [(4, "sub")]
 
 
 def reads_flags(path: str) -> bool:

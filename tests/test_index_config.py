@@ -47,22 +47,22 @@ def test_flags_override_the_yaml_files(tmp_path):
   try:
     _parse([f"--index_config={first}", f"--index_config={second}", "--num_leaves=70",
             "--target_recall=0", "--index_type=scann"])
-    config = index_flags.index_config_from_flags()
+    config = index_flags.index_config_from_flags(flags.FLAGS)
     assert (config.index_type, config.recall_queries) == ("scann", 7)  # flag, 2nd YAML
     assert config.scann.num_leaves == 70  # the flag over both files
     assert config.scann.target_recall is None  # 0 on the command line: no tuning
     assert config.scann.dimensions_per_block == 3  # the default
     _parse([f"--index_config={first}"])
-    config = index_flags.index_config_from_flags()
+    config = index_flags.index_config_from_flags(flags.FLAGS)
     assert (config.index_type, config.scann.target_recall, config.scann.num_leaves) == (
         "brute_force", 0.9, 30)  # flags not given do not override
-    options = index_flags.build_options_from_flags(keep=2)
+    options = index_flags.build_options_from_flags(flags.FLAGS, keep=2)
     assert options.index_config() == config and options.keep == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("scann: {leaves: 3}\n")
     _parse([f"--index_config={bad}"])
     with pytest.raises(configs.ConfigError, match="bad.yaml"):
-      index_flags.index_config_from_flags()
+      index_flags.index_config_from_flags(flags.FLAGS)
   finally:
     FLAGS.unparse_flags()
 

@@ -45,18 +45,18 @@ flags.DEFINE_bool("progress", True, "Show a progress bar.")
 FLAGS = flags.FLAGS
 
 
-def _default_output_dir() -> str:
-  if FLAGS.dataset in qa_lib.DATASETS:
-    name = f"{FLAGS.dataset}_{FLAGS.split}"
+def _default_output_dir(values: flags.FlagValues) -> str:
+  if values.dataset in qa_lib.DATASETS:
+    name = f"{values.dataset}_{values.split}"
   else:
-    name = os.path.splitext(os.path.basename(FLAGS.dataset.rstrip("/")))[0] or "dataset"
-  return os.path.join(FLAGS.model_dir, f"eval_{name}")
+    name = os.path.splitext(os.path.basename(values.dataset.rstrip("/")))[0] or "dataset"
+  return os.path.join(values.model_dir, f"eval_{name}")
 
 
-def _score(records, skipped_lines: int) -> None:
-  metrics = evaluation.score_predictions(FLAGS.predictions_file, records)
+def _score(predictions_file: str, dataset: str, records, skipped_lines: int) -> None:
+  metrics = evaluation.score_predictions(predictions_file, records)
   metrics["skipped_lines"] = skipped_lines
-  print(f"{FLAGS.predictions_file} against {FLAGS.dataset}:")
+  print(f"{predictions_file} against {dataset}:")
   print(f"  {'exact match':<28} {metrics['exact_match']:.4f}")
   for key in ("questions", "correct", "missing", "unmatched_predictions",
               "skipped_prediction_lines", "skipped_lines"):
@@ -71,13 +71,13 @@ def main(argv):
   path, answer_type = qa_lib.resolve_dataset(FLAGS.dataset, FLAGS.qa_dir, FLAGS.split)
   records, skipped = qa_lib.read_qa(path, answer_type)
   if FLAGS.predictions_file:
-    _score(records, len(skipped))
+    _score(FLAGS.predictions_file, FLAGS.dataset, records, len(skipped))
     return
   qa = openqa_flags.load_openqa(FLAGS.flag_values_dict(), hint=" (or give --predictions_file)")
   metrics, rows = evaluation.evaluate(qa, records, batch_size=FLAGS.batch_size,
                                       progress=FLAGS.progress, skipped_lines=len(skipped))
   metrics.update(dataset=FLAGS.dataset, qa_file=path)
-  paths = evaluation.write_outputs(FLAGS.output_dir or _default_output_dir(), metrics, rows)
+  paths = evaluation.write_outputs(FLAGS.output_dir or _default_output_dir(FLAGS), metrics, rows)
   print(f"{path} with {qa.checkpoint} (read {metrics['reader_beam_size']} of "
         f"{metrics['retriever_beam_size']} retrieved):")
   print(evaluation.format_metrics(metrics))

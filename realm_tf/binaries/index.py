@@ -93,28 +93,27 @@ flags.DEFINE_integer("snippet_chars", 160, "search: characters of block text to 
 index_flags.define_build_flags()
 
 FLAGS = flags.FLAGS
-COMMANDS = ("build", "delete", "embed", "import", "reconcile", "search", "upsert")
 
 
-def _require(*names):
-  missing = [n for n in names if not getattr(FLAGS, n)]
+def _require(values: flags.FlagValues, *names):
+  missing = [n for n in names if not getattr(values, n)]
   if missing:
     raise errors.RetrievalError(f"missing flags: {', '.join('--' + n for n in missing)}")
 
 
-def _default_embeddings_file(checkpoint: str):
+def _default_embeddings_file(model_dir: str, checkpoint: str):
   """``<model_dir>/block_emb.npy`` when it exists and the model has no block tower, else None."""
-  path = os.path.join(FLAGS.model_dir, checkpoint_convert.BLOCK_EMB_NAME)
+  path = os.path.join(model_dir, checkpoint_convert.BLOCK_EMB_NAME)
   if not os.path.exists(path):
     return None
-  if refresher.has_block_tower(model_dir_lib.load_config(FLAGS.model_dir), checkpoint):
+  if refresher.has_block_tower(model_dir_lib.load_config(model_dir), checkpoint):
     return None
   print(f"[realm-index] the model has no block tower: indexing {path}", flush=True)
   return path
 
 
 def build():
-  _require("model_dir", "blocks_dir", "index_dir")
+  _require(FLAGS, "model_dir", "blocks_dir", "index_dir")
   if FLAGS.embeddings_dir and FLAGS.embeddings_file:
     raise errors.RetrievalError("give --embeddings_dir or --embeddings_file, not both")
   checkpoint = refresher.find_checkpoint(FLAGS.model_dir, FLAGS.checkpoint)
@@ -124,16 +123,16 @@ def build():
     embeddings = corpus_embedding.merge_embedding_shards(FLAGS.embeddings_dir,
                                                          int(manifest["num_blocks"]))
   elif not embeddings_file:
-    embeddings_file = _default_embeddings_file(checkpoint)
+    embeddings_file = _default_embeddings_file(FLAGS.model_dir, checkpoint)
   path = refresher.build_index_for_checkpoint(
       checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.index_dir,
-      options=index_flags.build_options_from_flags(keep=FLAGS.keep), embeddings=embeddings,
+      options=index_flags.build_options_from_flags(FLAGS, keep=FLAGS.keep), embeddings=embeddings,
       embeddings_file=embeddings_file)
   print(path)
 
 
 def embed():
-  _require("model_dir", "blocks_dir", "embeddings_dir")
+  _require(FLAGS, "model_dir", "blocks_dir", "embeddings_dir")
   print(refresher.embed_shard_for_checkpoint(
       FLAGS.checkpoint, FLAGS.model_dir, FLAGS.blocks_dir, FLAGS.embeddings_dir,
       FLAGS.shard_index, FLAGS.num_shards or 1, batch_size=FLAGS.batch_size,
@@ -141,7 +140,7 @@ def embed():
 
 
 def import_blocks():
-  _require("blocks_tfr", "titles_tfr", "vocab_file", "blocks_dir")
+  _require(FLAGS, "blocks_tfr", "titles_tfr", "vocab_file", "blocks_dir")
   manifest = released.import_released_blocks(
       FLAGS.blocks_tfr, FLAGS.titles_tfr, FLAGS.vocab_file, FLAGS.blocks_dir,
       lower_case=FLAGS.lower_case, block_seq_length=FLAGS.block_seq_length,
@@ -151,13 +150,13 @@ def import_blocks():
         f"{FLAGS.blocks_dir} (fingerprint {manifest['fingerprint']})")
 
 
-def _snippet(text: str) -> str:
+def _snippet(text: str, chars: int) -> str:
   text = " ".join(text.split())
-  return text[:FLAGS.snippet_chars] + "..." if len(text) > FLAGS.snippet_chars else text
+  return text[:chars] + "..." if len(text) > chars else text
 
 
 def search():
-  _require("index_dir", "model_dir", "blocks_dir", "query")
+  _require(FLAGS, "index_dir", "model_dir", "blocks_dir", "query")
   with search_lib.TextSearcher(FLAGS.index_dir, FLAGS.model_dir, FLAGS.blocks_dir,
                                FLAGS.checkpoint) as searcher:
     queries = list(FLAGS.query)
@@ -168,43 +167,47 @@ def search():
     print(f"\nquery: {query}")
     for rank, hit in enumerate(hits, 1):
       print(f"  {rank:2d}. [{hit.score:8.3f}] {hit.title}  (block {hit.block_id})")
-      print(f"      {_snippet(hit.body)}")
+      print(f"      {_snippet(hit.body, FLAGS.snippet_chars)}")
 
 
-def _updater() -> updates.Updater:
-  _require("index_dir")
-  return updates.Updater(FLAGS.index_dir, FLAGS.model_dir, FLAGS.checkpoint, keep=FLAGS.keep,
-                         progress=FLAGS.progress)
+def _updater(values: flags.FlagValues) -> updates.Updater:
+  _require(values, "index_dir")
+  return updates.Updater(values.index_dir, values.model_dir, values.checkpoint, keep=values.keep,
+                         progress=values.progress)
 
 
 def upsert():
   if bool(FLAGS.input) == bool(FLAGS.new_blocks_dir):
     raise errors.RetrievalError("upsert: give --input (JSON lines) or --new_blocks_dir")
   if FLAGS.input:
-    result = _updater().upsert(documents=updates.read_documents(FLAGS.input))
+    result = _updater(FLAGS).upsert(documents=updates.read_documents(FLAGS.input))
   else:
-    result = _updater().upsert(blocks_dir=FLAGS.new_blocks_dir)
+    result = _updater(FLAGS).upsert(blocks_dir=FLAGS.new_blocks_dir)
   print(json.dumps(result.to_json(), ensure_ascii=False))
 
 
 def delete():
-  print(json.dumps(_updater().delete(uids=FLAGS.uid, titles=FLAGS.title).to_json(),
+  print(json.dumps(_updater(FLAGS).delete(uids=FLAGS.uid, titles=FLAGS.title).to_json(),
                    ensure_ascii=False))
 
 
 def reconcile():
   """Rolls the published index forward to its corpus if an update was cut short."""
-  result = _updater().reconcile()
+  result = _updater(FLAGS).reconcile()
   print(json.dumps(result or {"index": publish.read_latest(FLAGS.index_dir),
                               "up_to_date": True}))
 
 
+# The subcommands' handlers: each reads the flags it needs (tests/test_flag_reads.py).
+SUBCOMMANDS = {"build": build, "delete": delete, "embed": embed, "import": import_blocks,
+               "reconcile": reconcile, "search": search, "upsert": upsert}
+
+
 def main(argv):
-  if len(argv) != 2 or argv[1] not in COMMANDS:
-    raise errors.RetrievalError(
-        f"usage: realm-index {{{'|'.join(COMMANDS)}}} --flags... (got {' '.join(argv[1:])!r})")
-  {"build": build, "delete": delete, "embed": embed, "import": import_blocks,
-   "reconcile": reconcile, "search": search, "upsert": upsert}[argv[1]]()
+  if len(argv) != 2 or argv[1] not in SUBCOMMANDS:
+    raise errors.RetrievalError(f"usage: realm-index {{{'|'.join(sorted(SUBCOMMANDS))}}} "
+                                f"--flags... (got {' '.join(argv[1:])!r})")
+  SUBCOMMANDS[argv[1]]()
 
 
 def run():

@@ -65,8 +65,8 @@ def define_build_flags() -> None:
   flags.DEFINE_bool("progress", True, "Show progress bars.")
 
 
-def _flag_value(name: str):
-  value = flags.FLAGS[name].value
+def _flag_value(values: flags.FlagValues, name: str):
+  value = values[name].value
   if name in _ZERO_IS_NONE and not value:
     return None
   if name == "soar_lambda" and math.isnan(value):
@@ -74,24 +74,24 @@ def _flag_value(name: str):
   return value
 
 
-def index_config_from_flags() -> configs.IndexConfig:
-  """The ``IndexConfig``: defaults, ``--index_config`` YAMLs, then the flags given."""
+def index_config_from_flags(values: flags.FlagValues) -> configs.IndexConfig:
+  """The ``IndexConfig`` of the parsed ``values``: defaults, ``--index_config`` YAMLs, then the
+  flags given."""
   config = configs.IndexConfig()
-  for path in flags.FLAGS.index_config:
+  for path in values.index_config:
     try:
       config = hyperparams.override_params_dict(config, path, is_strict=True)
     except KeyError as e:
       raise configs.ConfigError(f"{path}: {e.args[0] if e.args else e}") from None
     except (OSError, ValueError) as e:
       raise configs.ConfigError(f"cannot read config file {path}: {e}") from None
-  given = {name for name in _TOP_LEVEL + _SCANN if flags.FLAGS[name].present}
-  config.override({name: _flag_value(name) for name in given if name in _TOP_LEVEL})
-  config.scann.override({name: _flag_value(name) for name in given if name in _SCANN})
+  given = {name for name in _TOP_LEVEL + _SCANN if values[name].present}
+  config.override({name: _flag_value(values, name) for name in given if name in _TOP_LEVEL})
+  config.scann.override({name: _flag_value(values, name) for name in given if name in _SCANN})
   return config
 
 
-def build_options_from_flags(keep: int = 3) -> refresher.BuildOptions:
-  f = flags.FLAGS
-  return refresher.BuildOptions.from_config(index_config_from_flags(), keep=keep,
-                                            tensorboard_dir=f.tensorboard_dir,
-                                            progress=f.progress)
+def build_options_from_flags(values: flags.FlagValues, keep: int = 3) -> refresher.BuildOptions:
+  return refresher.BuildOptions.from_config(index_config_from_flags(values), keep=keep,
+                                            tensorboard_dir=values.tensorboard_dir,
+                                            progress=values.progress)

@@ -37,7 +37,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     raise errors.RetrievalError(f"unexpected arguments: {' '.join(argv[1:])}")
-  options = index_flags.build_options_from_flags(keep=FLAGS.keep)
+  options = index_flags.build_options_from_flags(FLAGS, keep=FLAGS.keep)
   refresher.refresh_loop(FLAGS.model_dir, FLAGS.index_dir, FLAGS.blocks_dir, keep=FLAGS.keep,
                          min_step_interval=FLAGS.min_step_interval,
                          poll_seconds=FLAGS.poll_seconds, exit_when_done=FLAGS.exit_when_done,

@@ -52,12 +52,12 @@ flags.mark_flags_as_required(["model_dir", "index_dir"])
 FLAGS = flags.FLAGS
 
 
-def _token():
-  if FLAGS.token_file:
-    with open(FLAGS.token_file) as f:
+def _token(token_file: str):
+  if token_file:
+    with open(token_file) as f:
       token = f.read().strip()
     if not token:
-      raise configs.ConfigError(f"--token_file {FLAGS.token_file} is empty")
+      raise configs.ConfigError(f"--token_file {token_file} is empty")
     return token
   return os.environ.get("REALM_SERVE_TOKEN") or None
 
@@ -65,7 +65,7 @@ def _token():
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  token = _token()
+  token = _token(FLAGS.token_file)
   openqa_flags.check_model_dir(FLAGS.flag_values_dict())
 
   def open_service():
