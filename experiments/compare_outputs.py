@@ -65,8 +65,8 @@ def same(old_path: str, new_path: str, old: Roots, new: Roots) -> bool:
       return ([_timeless(r, old) for r in csv.DictReader(f)]
               == [_timeless(r, new) for r in csv.DictReader(g)])
   with open(old_path, "rb") as f, open(new_path, "rb") as g:
-    return _placed(f.read().decode("utf-8", "replace"), old) == _placed(
-        g.read().decode("utf-8", "replace"), new)
+    return _placed(f.read().decode("utf-8", "surrogateescape"), old) == _placed(
+        g.read().decode("utf-8", "surrogateescape"), new)
 
 
 def compare(old: str, new: str, old_tree: Optional[str] = None,

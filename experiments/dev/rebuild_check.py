@@ -6,10 +6,10 @@ with its machine, and REALM test seeds 1-3 start from a rebuild at fc79c9e.)
 WORK is the rebuilt run's ``work/``. Compared with what is committed:
 - the salient-span pre-training data's counts against ``real_text_dev/pretrain_done.json``;
 - each retriever's per-question first-hit rank on the test questions (``first_hits`` of its
-  saved top 20) against its column of ``results/real_text_questions.csv``, the questions
+  saved top 20) against its column of ``results/real_text/real_text_questions.csv``, the questions
   themselves first;
 - each reader phase's validation curve and masked-span accuracy against the dev run that
-  chose the recipe (``results/real_text_dev/minilm_mlm_800*_dev.json``);
+  chose the recipe (``results/real_text/real_text_dev/minilm_mlm_800*_dev.json``);
 - the ORQA row's per-question exact match, once the rebuild has its Open-QA evaluation.
 Only stages the rebuild has finished are compared. Prints a summary; OUT.json keeps it all.
 ``--same_start``: exit 1 unless the questions, every retriever's ranks and the pre-training

@@ -27,6 +27,7 @@ BM25 = "BM25"
 MINILM = "MiniLM (untrained REALM tower)"
 MINILM_MEAN = "MiniLM (mean-pooled, as trained)"
 MINILM_ICT = "MiniLM + ICT (REALM tower)"
+# A row label, frozen: the committed real_text_retrieval.{csv,md} key their rows by it (merge.py).
 HYBRID = "Hybrid: BM25 + MiniLM + ICT (retrieval/hybrid.py)"
 RESULTS_NAME = "real_text_retrieval"
 OPENQA_NAME = "real_text_openqa"

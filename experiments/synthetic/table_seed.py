@@ -83,7 +83,8 @@ CODE_FILES = ("data_prep/*.py", "realm_tf/modeling/*.py", "realm_tf/tasks/*.py",
               "realm_tf/train_lib.py", "realm_tf/data/features.py", "realm_tf/data/loaders.py",
               "realm_tf/data/answers.py", "realm_tf/data/block_store.py",
               "realm_tf/data/qa.py", "realm_tf/retrieval/index/brute_force.py",
-              "realm_tf/retrieval/publication/corpus_embedding.py", "experiments/pipeline/stages.py",
+              "realm_tf/retrieval/publication/corpus_embedding.py",
+              "experiments/pipeline/stages.py",
               "experiments/synthetic/table_seed.py")
 CONFIG_FILES = ("reader_read_cpu__demo.yaml", "ict_cpu__demo.yaml",
                 "realm_pretrain_cpu__demo.yaml", "openqa_cpu__demo.yaml")

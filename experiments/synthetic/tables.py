@@ -71,6 +71,7 @@ flags.DEFINE_bool("check_news", False, "Prepare the world (under --output_dir) a
                   "model-free check of the news against X = Z (data_prep.useful_examples).")
 flags.DEFINE_float("lr_retriever", 1.0, "task.lr_retriever of every REALM run.")
 
+
 def table_settings(values: flags.FlagValues) -> table_seed.TableSettings:
   """The tables' own settings, from this module's flags as parsed (``values``: main's FLAGS)."""
   return table_seed.TableSettings(**{f.name: values[f.name].value

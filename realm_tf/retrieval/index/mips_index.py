@@ -50,7 +50,7 @@ from realm_tf.retrieval.index import sharded_index
 from realm_tf.retrieval.index import tuning as index_tuning
 from realm_tf.retrieval.index.brute_force import BruteForceIndex
 from realm_tf.retrieval.index.base import (DELETED_NAME, EMBEDDINGS_NAME, FORMAT,
-                                           MANIFEST_NAME, MipsIndex, RowTable, read_manifest)
+                                          MANIFEST_NAME, MipsIndex, RowTable, read_manifest)
 from realm_tf.retrieval.index.scann_index import SCANN_DIR, ScannIndex, searcher_bytes
 from realm_tf.retrieval.index.sharded_index import ShardedIndex
 from realm_tf.scann_settings import ScannSettings

@@ -1,8 +1,8 @@
 """ScaNN over block embeddings (tree + asymmetric hashing + int8 reordering by default).
 
 The only module of realm_tf that imports ``scann`` (on first use: :func:`_scann`).
-Settings by corpus size are ``scann_settings.ScannSettings``'s; the recall tuning is
-``index_tuning``'s.
+Settings by corpus size are ``realm_tf.scann_settings.ScannSettings``'s; the recall tuning is
+``index.tuning``'s.
 
 **Memory.** The searcher keeps no float32 copy of the embeddings: per 128-d block it holds the
 int8 reordering row (128 bytes), 43 hash codes (43 bytes on disk, packed two per byte in
@@ -579,7 +579,7 @@ def _load_row_ids(scann_dir: str, num_blocks: int) -> Optional[np.ndarray]:
 def searcher_bytes(directory: str) -> int:
   """Bytes of a saved ScaNN searcher: its ``scann/`` assets and the centre, not embeddings.
 
-  This is what ``load_index`` reads into memory (the asymmetric-hashing codes are packed
+  This is what ``load_dense_index`` reads into memory (the asymmetric-hashing codes are packed
   two per byte once loaded, so the resident size is a little smaller).
   """
   shards = os.path.join(directory, "shards")  # A ShardedIndex: the sum of its shards'.

@@ -145,8 +145,8 @@ class IndexHandle:
     # The embeddings are memory-mapped at load (not read): the mapping stays valid if the
     # directory is pruned while this index is still in use.
     return _Loaded(path, index_io.load_index(path, expected_dim=self.expected_dim,
-                                               expected_fingerprint=self.expected_fingerprint,
-                                               load_embeddings=True))
+                                             expected_fingerprint=self.expected_fingerprint,
+                                             load_embeddings=True))
 
   def _try_load_latest(self, newer_than: Optional[Tuple[int, int, int]]) -> Optional[_Loaded]:
     """The index ``LATEST`` names if it is newer than the publication ``newer_than``

@@ -43,10 +43,10 @@ from realm_tf import modeling
 from realm_tf.data import block_store
 from realm_tf.data import corpus_updates
 from realm_tf.data import manifests
-from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval import errors
 from realm_tf.retrieval.index import base as index_base
 from realm_tf.retrieval.index import mips_index
+from realm_tf.retrieval.publication import corpus_embedding
 from realm_tf.retrieval.publication import index_io
 from realm_tf.retrieval.publication import publish
 from realm_tf.retrieval.sparse import sparse_index
@@ -300,7 +300,7 @@ class Refresher:
       if (published.get("sparse") and
           published.get("corpus_fingerprint") == manifest["fingerprint"]):
         return index_io.load_sparse(path, published,
-                                      index_base.load_deleted(path, published))
+                                    index_base.load_deleted(path, published))
     store = block_store.BlockStore.open(self.blocks_dir, fingerprint=manifest["fingerprint"])
     sparse = sparse_index.SparseIndex.build(sparse_index.store_texts(store, range(len(store))))
     sparse.delete(corpus_updates.deleted_rows(manifest))

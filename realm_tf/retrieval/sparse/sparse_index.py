@@ -1,8 +1,8 @@
 """BM25 over a corpus's blocks, beside the dense index: segments, deletions and exact statistics.
 
-Scores are ``bm25s``'s Lucene variant (Kamphuis et al., 2020; the variant ``experiments/
-real_text.py``'s BM25 row uses), over ``bm25s``' word tokens (lower-cased, English stop words
-out, no stemming) of each block's title and body::
+Scores are ``bm25s``'s Lucene variant (Kamphuis et al., 2020; the variant of real text's BM25
+row, ``experiments/real_text/text_stages.py``), over ``bm25s``' word tokens (lower-cased,
+English stop words out, no stemming) of each block's title and body::
 
     score(q, d) = sum over q's tokens t (repeats count) of
                   log(1 + (N - df_t + 0.5) / (df_t + 0.5)) * tf / (tf + k1 (1 - b + b |d| / avgdl))
